@@ -1,0 +1,73 @@
+#pragma once
+// Exact attention: forward, backward, and their variable-length (packed) forms.
+//
+// Layouts (see ../shared/design/CONTRACT.md for the full semantics):
+//   q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], out [B, Nq, Hq, Dv],
+//   lse [B, Hq, Nq] float32 (natural log of the softmax denominator, scale included).
+// Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv], cu_seqlens_q/k int32 [B + 1],
+//   lse [Hq, total_q].
+// Every call validates its arguments before doing any work and throws flashcpp::Error naming
+// the offending argument. GPU calls are asynchronous on `stream` and allocate nothing: any
+// scratch memory is queried with *_workspace_size and passed in.
+// A KV-cache decode entry point (contiguous and paged caches) will join these with the same
+// tensor, option and stream conventions.
+#include <cstddef>
+
+#include "flashcpp/options.hpp"
+#include "flashcpp/tensor.hpp"
+
+struct CUstream_st;  // same type as cudaStream_t, without including CUDA headers
+
+namespace flashcpp {
+
+using Stream = CUstream_st*;
+
+// Caller-owned scratch memory on the tensors' device.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Which backend a call with these tensors and options would run on (no work is done).
+Backend select_backend(const TensorView& q, const AttentionOptions& options = {});
+
+// True when flashcpp was built with CUDA and a usable GPU is present.
+bool cuda_available();
+
+// ---- forward ----
+std::size_t forward_workspace_size(const TensorView& q, const TensorView& k,
+                                   const TensorView& v, const AttentionOptions& options = {});
+
+// `lse` may be null. Rows with no visible key get out = 0 and lse = -inf.
+RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const TensorView* lse = nullptr,
+                const AttentionOptions& options = {}, Stream stream = nullptr,
+                Workspace workspace = {});
+
+RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse,
+                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {},
+                       Stream stream = nullptr, Workspace workspace = {});
+
+// ---- backward ----
+// Given the forward's out and lse and the gradient dout, writes dq, dk, dv (dk and dv of a KV
+// head sum over the query heads that share it).
+std::size_t backward_workspace_size(const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const AttentionOptions& options = {});
+
+RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                 const AttentionOptions& options = {}, Stream stream = nullptr,
+                 Workspace workspace = {});
+
+RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                        int max_seqlen_q, int max_seqlen_k,
+                        const AttentionOptions& options = {}, Stream stream = nullptr,
+                        Workspace workspace = {});
+
+}  // namespace flashcpp

@@ -1,0 +1,46 @@
+#pragma once
+// Options of an attention call, the backends that can run it, and what ran.
+#include <cstdint>
+#include <optional>
+
+namespace flashcpp {
+
+// Which implementation runs a call. `automatic` picks the fastest one present for the
+// tensors' device: the CPU backend for CPU tensors; sm90 kernels on Hopper, sm80 kernels on
+// Ampere/Ada (and as the fallback for what sm90 does not cover) for CUDA tensors.
+enum class Backend : std::uint8_t {
+  automatic,
+  cpu_reference,  // float64 reference that materialises S and P: the test oracle
+  cpu,            // tiled online-softmax (FlashAttention on the CPU), threaded
+  cuda_sm80,      // mma.sync kernels, sm80 and newer
+  cuda_sm90,      // TMA + wgmma kernels, sm90a
+};
+
+const char* backend_name(Backend backend);
+
+struct AttentionOptions {
+  // Multiplies q.k before the softmax; defaults to 1/sqrt(head dim).
+  std::optional<float> softmax_scale;
+  // Bottom-right aligned causal mask: key j is visible to query i iff j <= i + Nk - Nq.
+  bool causal = false;
+  // Sliding window (left, right) around the diagonal i + Nk - Nq; -1 means unbounded.
+  // Causal is window (-1, 0); with both set, causal caps `window_right` at 0.
+  int window_left = -1;
+  int window_right = -1;
+  // Softcap c > 0 replaces the score s by c * tanh(s / c); 0 turns it off.
+  float softcap = 0.0f;
+  Backend backend = Backend::automatic;
+  // Backward only: bitwise-identical gradients run to run.
+  bool deterministic = false;
+  // Forward on CUDA: number of KV splits (flash-decoding); 0 lets a heuristic choose.
+  int num_splits = 0;
+};
+
+// What a call ran: the backend and the kernel's name, so tests and benchmarks know.
+struct RunInfo {
+  Backend backend = Backend::automatic;
+  const char* kernel = "";
+  int num_splits = 1;
+};
+
+}  // namespace flashcpp

@@ -1,0 +1,169 @@
+// Public entry points: validate, choose the backend, run it.
+#include "flashcpp/attention.hpp"
+
+#include "api/validate.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "flashcpp/error.hpp"
+
+#ifdef FLASHCPP_WITH_CUDA
+#include "cuda/cuda_backend.hpp"
+#endif
+
+namespace flashcpp {
+namespace {
+
+using detail::BackwardParams;
+using detail::ForwardParams;
+
+bool nothing_to_do(const ForwardParams& p) { return p.batch == 0 || p.seqlen_q == 0; }
+
+// Stands in for `out` where only q, k and v are known (workspace queries): q's shape with v's
+// head dim, so validation sees a consistent call.
+TensorView out_like(const TensorView& q, const TensorView& v) {
+  TensorView out = q;
+  out.shape[out.rank - 1] = v.rank > 0 ? v.shape[v.rank - 1] : 0;
+  return out;
+}
+
+RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOptions& options,
+                    Stream stream, Workspace workspace) {
+  const Backend family = detail::check_backend(tensors.q, options);
+  const ForwardParams params = detail::validate_forward(tensors, options, family);
+  if (family == Backend::cpu_reference) {
+    if (!nothing_to_do(params)) detail::cpu::reference_forward(params);
+    return {Backend::cpu_reference, "cpu_reference_f64", 1};
+  }
+  if (family == Backend::cpu) {
+    if (!nothing_to_do(params)) detail::cpu::tiled_forward(params);
+    return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
+  }
+#ifdef FLASHCPP_WITH_CUDA
+  const Backend backend = detail::cuda::choose_forward_backend(params, family);
+  if (nothing_to_do(params)) return {backend, "none (empty problem)", 1};
+  return detail::cuda::forward(params, backend, stream, workspace);
+#else
+  (void)stream;
+  (void)workspace;
+  throw Error("flashcpp was built without CUDA");
+#endif
+}
+
+RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOptions& options,
+                     Stream stream, Workspace workspace) {
+  const Backend family = detail::check_backend(tensors.forward.q, options);
+  const BackwardParams params = detail::validate_backward(tensors, options, family);
+  if (family == Backend::cpu_reference) {
+    if (!nothing_to_do(params)) detail::cpu::reference_backward(params);
+    return {Backend::cpu_reference, "cpu_reference_f64", 1};
+  }
+  if (family == Backend::cpu) {
+    if (!nothing_to_do(params)) detail::cpu::tiled_backward(params);
+    return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
+  }
+#ifdef FLASHCPP_WITH_CUDA
+  return detail::cuda::backward(params, family, stream, workspace);
+#else
+  (void)stream;
+  (void)workspace;
+  throw Error("flashcpp was built without CUDA");
+#endif
+}
+
+}  // namespace
+
+bool cuda_available() {
+#ifdef FLASHCPP_WITH_CUDA
+  return detail::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+Backend select_backend(const TensorView& q, const AttentionOptions& options) {
+  const Backend family = detail::check_backend(q, options);
+  if (family == Backend::cpu || family == Backend::cpu_reference) return family;
+#ifdef FLASHCPP_WITH_CUDA
+  ForwardParams probe;
+  probe.device = q.device.index;
+  probe.dtype = q.dtype == DType::bf16 ? detail::ElementType::bf16 : detail::ElementType::fp16;
+  probe.head_dim = probe.head_dim_v = q.rank > 0 ? static_cast<int>(q.shape[q.rank - 1]) : 0;
+  probe.causal = options.causal;
+  probe.window_left = options.window_left;
+  probe.window_right = options.causal ? 0 : options.window_right;
+  probe.softcap = options.softcap;
+  return detail::cuda::choose_forward_backend(probe, family);
+#else
+  return family;
+#endif
+}
+
+std::size_t forward_workspace_size(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const AttentionOptions& options) {
+  const Backend family = detail::check_backend(q, options);
+  if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
+#ifdef FLASHCPP_WITH_CUDA
+  const TensorView out = out_like(q, v);
+  const ForwardParams params =
+      detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
+  return detail::cuda::forward_workspace_size(
+      params, detail::cuda::choose_forward_backend(params, family));
+#else
+  (void)k;
+  (void)v;
+  return 0;
+#endif
+}
+
+std::size_t backward_workspace_size(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const AttentionOptions& options) {
+  const Backend family = detail::check_backend(q, options);
+  if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
+#ifdef FLASHCPP_WITH_CUDA
+  const TensorView out = out_like(q, v);
+  const ForwardParams params =
+      detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
+  return detail::cuda::backward_workspace_size(params, family);
+#else
+  (void)k;
+  (void)v;
+  return 0;
+#endif
+}
+
+RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const TensorView* lse, const AttentionOptions& options,
+                Stream stream, Workspace workspace) {
+  return run_forward({q, k, v, out, lse, nullptr, nullptr}, options, stream, workspace);
+}
+
+RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView* lse,
+                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options,
+                       Stream stream, Workspace workspace) {
+  return run_forward(
+      {q, k, v, out, lse, &cu_seqlens_q, &cu_seqlens_k, max_seqlen_q, max_seqlen_k}, options,
+      stream, workspace);
+}
+
+RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                 const AttentionOptions& options, Stream stream, Workspace workspace) {
+  return run_backward({{q, k, v, out, &lse, nullptr, nullptr}, dout, dq, dk, dv}, options,
+                      stream, workspace);
+}
+
+RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                        int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options,
+                        Stream stream, Workspace workspace) {
+  return run_backward({{q, k, v, out, &lse, &cu_seqlens_q, &cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k},
+                       dout, dq, dk, dv},
+                      options, stream, workspace);
+}
+
+}  // namespace flashcpp

@@ -1,0 +1,315 @@
+// Validation of public arguments. Messages follow the contract: they name the argument and say
+// what was expected, e.g. "k: expected dtype bf16 (same as q), got fp16".
+#include "api/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kHeadDimMultiple = 8;
+constexpr std::size_t kCudaAlignmentBytes = 16;
+
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream message;
+  (message << ... << parts);
+  throw Error(message.str());
+}
+
+bool is_cuda_backend(Backend b) { return b == Backend::cuda_sm80 || b == Backend::cuda_sm90; }
+
+ElementType element_type(DType dtype) {
+  switch (dtype) {
+    case DType::fp16: return ElementType::fp16;
+    case DType::bf16: return ElementType::bf16;
+    default: return ElementType::fp32;
+  }
+}
+
+void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank) fail(name, ": expected ", rank, " dimensions ", layout, ", got ", t.rank);
+  for (int d = 0; d < rank; ++d) {
+    if (t.shape[d] < 0) fail(name, ": dimension ", d, " has negative size ", t.shape[d]);
+    if (t.stride[d] < 0) fail(name, ": stride of dimension ", d, " is negative (", t.stride[d], ")");
+  }
+}
+
+void check_same_dtype(const TensorView& t, const char* name, const TensorView& q) {
+  if (t.dtype != q.dtype)
+    fail(name, ": expected dtype ", dtype_name(q.dtype), " (same as q), got ", dtype_name(t.dtype));
+}
+
+void check_same_device(const TensorView& t, const char* name, const TensorView& q) {
+  if (!(t.device == q.device))
+    fail(name, " is on ", device_name(t.device), " but q is on ", device_name(q.device));
+}
+
+void check_dim(const TensorView& t, const char* name, int dim, std::int64_t expected,
+               const char* what) {
+  if (t.shape[dim] != expected)
+    fail(name, ": expected ", what, " ", expected, " (dimension ", dim, "), got ", t.shape[dim],
+         " in shape ", t.shape_string());
+}
+
+void check_head_dim(std::int64_t dim, const char* name) {
+  if (dim <= 0 || dim > kMaxHeadDim || dim % kHeadDimMultiple != 0)
+    fail(name, ": head dim ", dim, " is not supported (supported: multiples of ", kHeadDimMultiple,
+         " up to ", kMaxHeadDim, ")");
+}
+
+// Memory rules: last dimension contiguous, pointer set when non-empty, alignment.
+void check_memory(const TensorView& t, const char* name, Backend backend) {
+  if (t.empty()) return;
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    fail(name, ": last dimension must have stride 1, got ", t.stride[t.rank - 1]);
+  if (t.data == nullptr) fail(name, ": data pointer is null");
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  const std::size_t element = dtype_size(t.dtype);
+  if (is_cuda_backend(backend) && t.dtype != DType::int32) {
+    if (address % kCudaAlignmentBytes != 0)
+      fail(name, ": data pointer is not ", kCudaAlignmentBytes, "-byte aligned");
+    const std::int64_t multiple = static_cast<std::int64_t>(kCudaAlignmentBytes / element);
+    for (int d = 0; d + 1 < t.rank; ++d) {
+      if (t.shape[d] > 1 && t.stride[d] % multiple != 0)
+        fail(name, ": stride of dimension ", d, " is ", t.stride[d],
+             " elements; the cuda backend needs a multiple of ", multiple, " (16 bytes)");
+    }
+  } else if (address % element != 0) {
+    fail(name, ": data pointer is not ", element, "-byte aligned");
+  }
+}
+
+void check_input_dtype(const TensorView& q, Backend backend) {
+  if (q.dtype == DType::int32) fail("q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
+  if (is_cuda_backend(backend) && q.dtype == DType::fp32)
+    fail("q: dtype fp32 is not supported by the cuda backend (supported: fp16, bf16)");
+}
+
+void check_options(const AttentionOptions& o) {
+  if (o.softmax_scale && !std::isfinite(*o.softmax_scale))
+    fail("softmax_scale: must be finite, got ", *o.softmax_scale);
+  if (!std::isfinite(o.softcap) || o.softcap < 0.0f)
+    fail("softcap: must be >= 0 (0 turns it off), got ", o.softcap);
+  if (o.window_left < -1) fail("window_left: must be -1 (unbounded) or >= 0, got ", o.window_left);
+  if (o.window_right < -1)
+    fail("window_right: must be -1 (unbounded) or >= 0, got ", o.window_right);
+  if (o.num_splits < 0) fail("num_splits: must be >= 0 (0 chooses automatically), got ", o.num_splits);
+}
+
+Strides strides_of(const TensorView& t, bool varlen) {
+  if (varlen) return {0, t.stride[0], t.stride[1]};
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+// Varlen offsets: int32 [B + 1] on q's device; on the CPU the values are checked too.
+int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q,
+                     std::int64_t total_rows, int max_seqlen, const char* max_name) {
+  if (cu.dtype != DType::int32)
+    fail(name, ": expected dtype int32, got ", dtype_name(cu.dtype));
+  if (cu.rank != 1) fail(name, ": expected 1 dimension [B + 1], got ", cu.rank);
+  if (cu.shape[0] < 1) fail(name, ": expected at least 1 element (B + 1), got 0");
+  check_same_device(cu, name, q);
+  if (cu.shape[0] > 1 && cu.stride[0] != 1) fail(name, ": must be contiguous, got stride ", cu.stride[0]);
+  if (cu.data == nullptr) fail(name, ": data pointer is null");
+  if (max_seqlen < 0) fail(max_name, ": must be >= 0, got ", max_seqlen);
+  if (cu.device.type == DeviceType::cpu) {
+    const auto* offsets = static_cast<const std::int32_t*>(cu.data);
+    if (offsets[0] != 0) fail(name, "[0]: expected 0, got ", offsets[0]);
+    for (std::int64_t b = 0; b + 1 < cu.shape[0]; ++b) {
+      const std::int64_t length = std::int64_t{offsets[b + 1]} - offsets[b];
+      if (length < 0)
+        fail(name, ": must be non-decreasing, but [", b + 1, "] = ", offsets[b + 1], " < [", b,
+             "] = ", offsets[b]);
+      if (length > max_seqlen)
+        fail(max_name, " (", max_seqlen, ") is smaller than sequence ", b, " of ", name,
+             " (length ", length, ")");
+    }
+    if (offsets[cu.shape[0] - 1] > total_rows)
+      fail(name, ": last offset ", offsets[cu.shape[0] - 1], " exceeds the ", total_rows,
+           " rows of its tensor");
+  }
+  return static_cast<int>(cu.shape[0] - 1);
+}
+
+}  // namespace
+
+Backend check_backend(const TensorView& q, const AttentionOptions& options) {
+  const Backend requested = options.backend;
+  const bool on_cuda = q.device.type == DeviceType::cuda;
+  if (on_cuda && (requested == Backend::cpu || requested == Backend::cpu_reference))
+    fail("q is on ", device_name(q.device), " but the ", backend_name(requested),
+         " backend was selected");
+  if (!on_cuda && is_cuda_backend(requested))
+    fail("q is on cpu but the ", backend_name(requested), " backend was selected");
+  if (!on_cuda) return requested == Backend::automatic ? Backend::cpu : requested;
+#ifndef FLASHCPP_WITH_CUDA
+  fail("q is on ", device_name(q.device),
+       " but flashcpp was built without CUDA (configure with -DFLASHCPP_CUDA=ON)");
+#else
+  return requested;
+#endif
+}
+
+ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& options,
+                               Backend backend) {
+  const bool varlen = t.cu_seqlens_q != nullptr || t.cu_seqlens_k != nullptr;
+  if (varlen && (t.cu_seqlens_q == nullptr || t.cu_seqlens_k == nullptr))
+    fail("cu_seqlens_q and cu_seqlens_k must be given together");
+  const int rank = varlen ? 3 : 4;
+  check_rank(t.q, "q", rank, varlen ? "[total_q, Hq, D]" : "[B, Nq, Hq, D]");
+  check_rank(t.k, "k", rank, varlen ? "[total_k, Hkv, D]" : "[B, Nk, Hkv, D]");
+  check_rank(t.v, "v", rank, varlen ? "[total_k, Hkv, Dv]" : "[B, Nk, Hkv, Dv]");
+  check_rank(t.out, "out", rank, varlen ? "[total_q, Hq, Dv]" : "[B, Nq, Hq, Dv]");
+
+  check_input_dtype(t.q, backend);
+  check_same_dtype(t.k, "k", t.q);
+  check_same_dtype(t.v, "v", t.q);
+  check_same_dtype(t.out, "out", t.q);
+  check_same_device(t.k, "k", t.q);
+  check_same_device(t.v, "v", t.q);
+  check_same_device(t.out, "out", t.q);
+
+  // Dimension positions: [B, N, H, D] or, varlen, [total, H, D].
+  const int n_dim = varlen ? 0 : 1;
+  const int h_dim = n_dim + 1;
+  const int d_dim = n_dim + 2;
+  const std::int64_t batch = varlen ? 0 : t.q.shape[0];
+  const std::int64_t heads_q = t.q.shape[h_dim];
+  const std::int64_t heads_kv = t.k.shape[h_dim];
+  const std::int64_t head_dim = t.q.shape[d_dim];
+  const std::int64_t head_dim_v = t.v.shape[d_dim];
+
+  if (!varlen) {
+    check_dim(t.k, "k", 0, batch, "batch size (same as q)");
+    check_dim(t.v, "v", 0, batch, "batch size (same as q)");
+  }
+  check_dim(t.k, "k", d_dim, head_dim, "head dim (same as q)");
+  check_dim(t.v, "v", n_dim, t.k.shape[n_dim], varlen ? "total keys (same as k)" : "keys (same as k)");
+  check_dim(t.v, "v", h_dim, heads_kv, "kv heads (same as k)");
+  if (!varlen) check_dim(t.out, "out", 0, batch, "batch size (same as q)");
+  check_dim(t.out, "out", n_dim, t.q.shape[n_dim], varlen ? "total queries (same as q)" : "queries (same as q)");
+  check_dim(t.out, "out", h_dim, heads_q, "query heads (same as q)");
+  check_dim(t.out, "out", d_dim, head_dim_v, "head dim (same as v)");
+  check_head_dim(head_dim, "q");
+  check_head_dim(head_dim_v, "v");
+  if (heads_kv <= 0) fail("k: number of kv heads must be positive, got ", heads_kv);
+  if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
+  if (heads_q % heads_kv != 0)
+    fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
+
+  if (t.lse != nullptr) {
+    const TensorView& lse = *t.lse;
+    check_rank(lse, "lse", varlen ? 2 : 3, varlen ? "[Hq, total_q]" : "[B, Hq, Nq]");
+    if (lse.dtype != DType::fp32) fail("lse: expected dtype fp32, got ", dtype_name(lse.dtype));
+    check_same_device(lse, "lse", t.q);
+    if (!varlen) check_dim(lse, "lse", 0, batch, "batch size (same as q)");
+    check_dim(lse, "lse", varlen ? 0 : 1, heads_q, "query heads (same as q)");
+    check_dim(lse, "lse", varlen ? 1 : 2, t.q.shape[n_dim], "queries (same as q)");
+  }
+  check_options(options);
+  for (const auto& [view, name] : {std::pair{&t.q, "q"}, {&t.k, "k"}, {&t.v, "v"}, {&t.out, "out"}})
+    check_memory(*view, name, backend);
+  if (t.lse != nullptr) check_memory(*t.lse, "lse", Backend::cpu);  // fp32, no vector loads
+
+  ForwardParams p;
+  p.dtype = element_type(t.q.dtype);
+  p.q = t.q.data;
+  p.k = t.k.data;
+  p.v = t.v.data;
+  p.out = t.out.data;
+  p.lse = t.lse ? static_cast<float*>(t.lse->data) : nullptr;
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.head_dim = static_cast<int>(head_dim);
+  p.head_dim_v = static_cast<int>(head_dim_v);
+  p.q_stride = strides_of(t.q, varlen);
+  p.k_stride = strides_of(t.k, varlen);
+  p.v_stride = strides_of(t.v, varlen);
+  p.out_stride = strides_of(t.out, varlen);
+  if (varlen) {
+    const int batch_q = check_cu_seqlens(*t.cu_seqlens_q, "cu_seqlens_q", t.q, t.q.shape[0],
+                                         t.max_seqlen_q, "max_seqlen_q");
+    const int batch_k = check_cu_seqlens(*t.cu_seqlens_k, "cu_seqlens_k", t.q, t.k.shape[0],
+                                         t.max_seqlen_k, "max_seqlen_k");
+    if (batch_q != batch_k)
+      fail("cu_seqlens_k: expected ", batch_q + 1, " elements (same as cu_seqlens_q), got ",
+           batch_k + 1);
+    p.batch = batch_q;
+    p.seqlen_q = t.max_seqlen_q;
+    p.seqlen_k = t.max_seqlen_k;
+    p.cu_seqlens_q = static_cast<const std::int32_t*>(t.cu_seqlens_q->data);
+    p.cu_seqlens_k = static_cast<const std::int32_t*>(t.cu_seqlens_k->data);
+    if (t.lse) {
+      p.lse_batch_stride = 0;
+      p.lse_head_stride = t.lse->stride[0];
+    }
+  } else {
+    if (t.q.shape[1] > INT32_MAX || t.k.shape[1] > INT32_MAX)
+      fail("q: sequence lengths above 2^31 - 1 are not supported");
+    p.batch = static_cast<int>(batch);
+    p.seqlen_q = static_cast<int>(t.q.shape[1]);
+    p.seqlen_k = static_cast<int>(t.k.shape[1]);
+    if (t.lse) {
+      p.lse_batch_stride = t.lse->stride[0];
+      p.lse_head_stride = t.lse->stride[1];
+    }
+  }
+  p.scale = options.softmax_scale ? *options.softmax_scale
+                                  : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.softcap = options.softcap;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;  // causal caps the right bound
+  p.causal = p.window_left < 0 && p.window_right == 0;
+  p.device = t.q.device.index;
+  p.num_splits = options.num_splits;
+  return p;
+}
+
+BackwardParams validate_backward(const BackwardTensors& t, const AttentionOptions& options,
+                                 Backend backend) {
+  if (t.forward.lse == nullptr) fail("lse: required by the backward pass");
+  BackwardParams p;
+  static_cast<ForwardParams&>(p) = validate_forward(t.forward, options, backend);
+  const bool varlen = p.is_varlen();
+  const int rank = varlen ? 3 : 4;
+  const struct {
+    const TensorView& grad;
+    const char* name;
+    const TensorView& like;
+    const char* like_name;
+  } grads[] = {{t.dout, "dout", t.forward.out, "out"},
+               {t.dq, "dq", t.forward.q, "q"},
+               {t.dk, "dk", t.forward.k, "k"},
+               {t.dv, "dv", t.forward.v, "v"}};
+  for (const auto& g : grads) {
+    check_rank(g.grad, g.name, rank, "(same as its forward tensor)");
+    check_same_dtype(g.grad, g.name, t.forward.q);
+    check_same_device(g.grad, g.name, t.forward.q);
+    for (int d = 0; d < rank; ++d) {
+      if (g.grad.shape[d] != g.like.shape[d])
+        fail(g.name, ": expected shape ", g.like.shape_string(), " (same as ", g.like_name,
+             "), got ", g.grad.shape_string());
+    }
+    check_memory(g.grad, g.name, backend);
+  }
+  p.dout = t.dout.data;
+  p.dq = t.dq.data;
+  p.dk = t.dk.data;
+  p.dv = t.dv.data;
+  p.dout_stride = strides_of(t.dout, varlen);
+  p.dq_stride = strides_of(t.dq, varlen);
+  p.dk_stride = strides_of(t.dk, varlen);
+  p.dv_stride = strides_of(t.dv, varlen);
+  p.deterministic = options.deterministic;
+  return p;
+}
+
+}  // namespace flashcpp::detail

@@ -1,0 +1,41 @@
+#pragma once
+// Argument checking for the public calls: every rule of the contract's "Errors" section, turned
+// into ForwardParams / BackwardParams for the backends. Throws flashcpp::Error naming the
+// argument; does no work on the tensors' data except reading host-side cu_seqlens.
+#include "common/params.hpp"
+#include "flashcpp/attention.hpp"
+
+namespace flashcpp::detail {
+
+// The tensors of one forward call; `lse`, `cu_seqlens_*` may be null.
+struct ForwardTensors {
+  const TensorView& q;
+  const TensorView& k;
+  const TensorView& v;
+  const TensorView& out;
+  const TensorView* lse;
+  const TensorView* cu_seqlens_q;  // both null, or both set (varlen)
+  const TensorView* cu_seqlens_k;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+};
+
+struct BackwardTensors {
+  ForwardTensors forward;  // lse is required here
+  const TensorView& dout;
+  const TensorView& dq;
+  const TensorView& dk;
+  const TensorView& dv;
+};
+
+// Checks the backend request against the tensors' device; returns the concrete backend
+// family (automatic becomes cpu for CPU tensors; CUDA tensors keep automatic, refined by the
+// CUDA dispatcher that knows the GPU).
+Backend check_backend(const TensorView& q, const AttentionOptions& options);
+
+ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& options,
+                               Backend backend);
+BackwardParams validate_backward(const BackwardTensors& t, const AttentionOptions& options,
+                                 Backend backend);
+
+}  // namespace flashcpp::detail

@@ -1,0 +1,68 @@
+#pragma once
+// Plain-old-data descriptions of one attention call, filled by the API layer after validation
+// and read by every backend. No framework or CUDA types here. Strides are in elements, int64.
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace flashcpp::detail {
+
+enum class ElementType : std::uint8_t { fp32, fp16, bf16 };
+
+// Element strides of a [batch, row, head, dim] tensor (dim has stride 1). For varlen tensors
+// `batch` is 0 and rows are addressed through cu_seqlens.
+struct Strides {
+  std::int64_t batch = 0;
+  std::int64_t row = 0;
+  std::int64_t head = 0;
+};
+
+struct ForwardParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional; [B, Hq, Nq] or, varlen, [Hq, total_q]
+  ElementType dtype = ElementType::fp32;
+
+  int batch = 0;
+  int heads_q = 0;
+  int heads_kv = 0;
+  int head_dim = 0;    // D
+  int head_dim_v = 0;  // Dv
+  // Padded: Nq and Nk. Varlen: the max_seqlen bounds given by the caller.
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+
+  Strides q_stride, k_stride, v_stride, out_stride;
+  std::int64_t lse_batch_stride = 0;  // 0 for varlen
+  std::int64_t lse_head_stride = 0;   // rows have stride 1
+
+  // Varlen when non-null: sequence b owns rows [cu[b], cu[b+1]) (device memory for CUDA).
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+
+  float scale = 1.0f;    // softmax scale
+  float softcap = 0.0f;  // 0: off
+  bool causal = false;   // window_right == 0 and window_left == -1 after folding
+  int window_left = -1;  // -1: unbounded
+  int window_right = -1;
+
+  int device = 0;      // CUDA ordinal
+  int num_splits = 0;  // 0: heuristic
+
+  bool is_varlen() const { return cu_seqlens_q != nullptr; }
+};
+
+struct BackwardParams : ForwardParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  Strides dout_stride, dq_stride, dk_stride, dv_stride;
+  bool deterministic = false;
+  void* workspace = nullptr;
+  std::uint64_t workspace_bytes = 0;
+};
+
+}  // namespace flashcpp::detail

@@ -1,0 +1,19 @@
+#pragma once
+// The CPU backends: a float64 reference (the test oracle) and the tiled online-softmax
+// implementation (FlashAttention on the CPU). Both take validated params from the API layer.
+#include "common/params.hpp"
+
+namespace flashcpp::detail::cpu {
+
+// Materialises S and P per (batch, head) in float64. Slow; for tests and checks.
+void reference_forward(const ForwardParams& params);
+void reference_backward(const BackwardParams& params);
+
+// Tiled forward/backward with fp32 accumulation, threaded over (batch, head, row block).
+void tiled_forward(const ForwardParams& params);
+void tiled_backward(const BackwardParams& params);
+
+// Name of the kernel tiled_forward runs, for RunInfo ("cpu_tiled_openblas", ...).
+const char* tiled_kernel_name();
+
+}  // namespace flashcpp::detail::cpu
