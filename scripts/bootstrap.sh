@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flashcpp builds with, pinned, and is safe to repeat:
 #   Debian: cmake, ninja, g++, GoogleTest, OpenBLAS, ccache (skipped when already present)
+#   .deps/googletest: a copy of Debian's GoogleTest sources, to carry to the GPU machine
 #   PyPI:   nvidia-cutlass==4.2.0.0, whose wheel ships the CUTLASS/CuTe headers; they are
 #           unpacked into .deps/cutlass/include (git-ignored, never committed).
 # The GPU machine has no registry: .deps/ is the self-contained folder to carry there.
@@ -45,4 +46,11 @@ with zipfile.ZipFile(wheel) as z:
 PY
   echo "$cutlass_version" > "$stamp"
 fi
+# GoogleTest sources from Debian's libgtest-dev, for machines without it (the GPU machine):
+# the test CMake builds them with add_subdirectory when find_package(GTest) fails.
+if [[ -d /usr/src/googletest && ! -f "$deps/googletest/CMakeLists.txt" ]]; then
+  mkdir -p "$deps"
+  cp -r /usr/src/googletest "$deps/googletest"
+fi
+
 echo "bootstrap: ready (CUTLASS $(cat "$stamp") in $deps/cutlass/include)"
