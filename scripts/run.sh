@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job: build flashcpp-bench and run one attention problem on the best backend present
+# (the GPU if there is one, else the CPU backend, with no CUDA compiled), checked against the
+# float64 reference. Extra arguments go to flashcpp-bench (try --help). Safe to repeat.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+scripts/bootstrap.sh >/dev/null
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  preset=gpu
+else
+  preset=cpu
+fi
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" -j "$(nproc)" --target flashcpp-bench >/dev/null
+exec "build/$preset/bench/flashcpp-bench" "$@"
