@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU workflow, the same every session: build every kernel, run the GPU tests, the
+# sanitizers, the Python tests, the side-by-side benchmark and the teaching ladder.
+#
+#   scripts/gpu_workflow.sh OUT_DIR [STAGE ...]
+#   stages: build test sanitize python bench ladder   (default: all, in that order)
+#
+# Logs go to OUT_DIR/logs/<stage>.log, benchmark output to OUT_DIR/bench and OUT_DIR/ladder,
+# and OUT_DIR/summary.txt gets one line per stage; the summary and the benchmark table are
+# printed last. Needs .deps/ from scripts/bootstrap.sh (carry it to the GPU machine).
+# Environment: BENCH_ARGS (extra flags for bench/sdpa_compare.py, e.g. "--quick"),
+# SANITIZE_FILTER (gtest filter for compute-sanitizer), BUILD_DIR (default build/gpu).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${1:?usage: scripts/gpu_workflow.sh OUT_DIR [STAGE ...]}"
+shift
+stages=("$@")
+((${#stages[@]})) || stages=(build test sanitize python bench ladder)
+build="${BUILD_DIR:-build/gpu}"
+python="${PYTHON:-python3}"
+mkdir -p "$out/logs"
+summary="$out/summary.txt"
+export PYTHONUNBUFFERED=1
+
+run_stage() {  # run_stage NAME COMMAND...: log, time and record the result of one stage
+  local name="$1"
+  shift
+  local start=$SECONDS
+  echo "== $name: $*"
+  "$@" >"$out/logs/$name.log" 2>&1
+  local rc=$?
+  local verdict=PASS
+  ((rc == 0)) || verdict="FAIL(rc=$rc)"
+  printf '%-9s %-12s %4ss  %s\n' "$name" "$verdict" "$((SECONDS - start))" "$(tail -n 1 "$out/logs/$name.log" | cut -c1-100)" | tee -a "$summary"
+  return $rc
+}
+
+stage_build() {
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCPP_CUDA=ON \
+    -DFLASHCPP_BUILD_PYTHON=ON -DFLASHCPP_PTXAS_VERBOSE=ON -DPython_EXECUTABLE="$(command -v "$python")" &&
+    cmake --build "$build" -j "$(nproc)" &&
+    grep -E "ptxas info|bytes stack frame|spill" "$build"/.ninja_log /dev/null >/dev/null 2>&1
+  local rc=$?
+  # ninja prints ptxas -v lines into its output; keep the resource report next to the logs
+  grep -A2 -E "Compiling entry function" "$out/logs/build.log" >"$out/logs/ptxas.log" 2>/dev/null || true
+  return $rc
+}
+
+stage_test() { ctest --test-dir "$build" --output-on-failure; }
+
+stage_sanitize() {
+  local tests="$build/tests/cpp/flashcpp_tests"
+  local filter="${SANITIZE_FILTER:-*CudaForward*Small*}"
+  compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filter" &&
+    compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" --gtest_filter="$filter"
+}
+
+stage_python() { PYTHONPATH="$root/$build/python" "$python" -m pytest -q -rs tests/python; }
+
+stage_bench() {
+  PYTHONPATH="$root/$build/python" "$python" bench/sdpa_compare.py --out "$out/bench" ${BENCH_ARGS:-}
+}
+
+stage_ladder() {
+  PYTHONPATH="$root/$build/python" "$python" bench/ladder/ladder_compare.py \
+    --binary "$build/bench/ladder/flashcpp-ladder" --out "$out/ladder"
+}
+
+{
+  echo "# $(date -u +%F\ %T) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
+} >>"$summary"
+failed=0
+for s in "${stages[@]}"; do
+  run_stage "$s" "stage_$s" || failed=1
+  if [[ $s == build && $failed -ne 0 ]]; then break; fi
+done
+
+echo
+echo "==== summary ($out/summary.txt)"
+cat "$summary"
+for table in "$out/bench/table.txt" "$out/ladder/table.txt"; do
+  [[ -f $table ]] && { echo; cat "$table"; }
+done
+exit $failed
