@@ -39,11 +39,10 @@ run_stage() {  # run_stage NAME COMMAND...: log, time and record the result of o
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCPP_CUDA=ON \
     -DFLASHCPP_BUILD_PYTHON=ON -DFLASHCPP_PTXAS_VERBOSE=ON -DPython_EXECUTABLE="$(command -v "$python")" &&
-    cmake --build "$build" -j "$(nproc)" &&
-    grep -E "ptxas info|bytes stack frame|spill" "$build"/.ninja_log /dev/null >/dev/null 2>&1
-  local rc=$?
-  # ninja prints ptxas -v lines into its output; keep the resource report next to the logs
-  grep -A2 -E "Compiling entry function" "$out/logs/build.log" >"$out/logs/ptxas.log" 2>/dev/null || true
+    cmake --build "$build" -j "$(nproc)" | tee "$out/logs/build-output.log"
+  local rc=${PIPESTATUS[0]}
+  # the resource report (registers, shared memory, stack frame, spills) of every kernel
+  grep -A3 "Compiling entry function" "$out/logs/build-output.log" >"$out/logs/ptxas.log" || true
   return $rc
 }
 
