@@ -1,1 +1,78 @@
-// placeholder: being written
+#include "cpu/block_gemm.hpp"
+
+#include <climits>
+
+#ifdef FLASHCPP_WITH_CBLAS
+#include <cblas.h>
+
+#include <mutex>
+#endif
+
+namespace flashcpp::detail::cpu {
+namespace {
+
+// Plain loops; the inner loop runs over contiguous memory of C where possible so the
+// compiler vectorises it.
+void gemm_loops(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                std::int64_t ldc) {
+  const auto a_at = [&](int i, int p) { return op_a == Op::none ? a[i * lda + p] : a[p * lda + i]; };
+  for (int i = 0; i < m; ++i) {
+    float* c_row = c + i * ldc;
+    for (int j = 0; j < n; ++j) c_row[j] = beta == 0.0f ? 0.0f : beta * c_row[j];
+    if (op_b == Op::transpose) {  // C[i, j] += alpha * dot(A[i, :], B[j, :])
+      for (int j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int p = 0; p < k; ++p) sum += a_at(i, p) * b[j * ldb + p];
+        c_row[j] += alpha * sum;
+      }
+    } else {  // C[i, :] += alpha * A[i, p] * B[p, :]
+      for (int p = 0; p < k; ++p) {
+        const float scaled = alpha * a_at(i, p);
+        const float* b_row = b + p * ldb;
+        for (int j = 0; j < n; ++j) c_row[j] += scaled * b_row[j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#ifdef FLASHCPP_WITH_CBLAS
+
+void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                std::int64_t ldc) {
+  if (lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX) {  // beyond the BLAS int interface
+    gemm_loops(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const auto trans = [](Op op) { return op == Op::none ? CblasNoTrans : CblasTrans; };
+  cblas_sgemm(CblasRowMajor, trans(op_a), trans(op_b), m, n, k, alpha, a, static_cast<int>(lda),
+              b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Process-wide and set once: OpenBLAS keeps one thread count, and restoring it after each call
+// would race between concurrent callers.
+void use_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+const char* block_gemm_name() { return "openblas"; }
+
+#else
+
+void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                std::int64_t ldc) {
+  gemm_loops(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void use_single_threaded_blas() {}
+
+const char* block_gemm_name() { return "loops"; }
+
+#endif
+
+}  // namespace flashcpp::detail::cpu

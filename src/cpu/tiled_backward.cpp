@@ -1,1 +1,221 @@
-// placeholder: being written
+// FlashAttention-2 backward on the CPU, fp32 accumulation, recomputing P from the forward's lse.
+//
+// Race-free and deterministic by construction, in three passes:
+//   0. row statistics: D_i = rowsum(dO_i * O_i) and lse in log2 units, per (batch, q head);
+//   1. dK, dV: one task per (batch, kv head, key block); it loops over the query heads of its
+//      group and their query blocks, so it owns its dK/dV rows and sums GQA groups itself;
+//   2. dQ: one task per (batch, q head, query block), looping over the visible key blocks.
+// Each output element is written by one task in a fixed order, so the gradients are bitwise
+// identical run to run whatever the thread count. The price is recomputing S and dP in pass 2
+// (7 block products per score block instead of 5); the alternatives were dQ atomics
+// (nondeterministic) or per-task dQ/dK partial buffers of O(B * Hq * N * D) floats.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cpu/block_gemm.hpp"
+#include "cpu/block_mask.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "cpu/element_io.hpp"
+#include "cpu/fast_exp2.hpp"
+#include "cpu/fp32_input.hpp"
+#include "cpu/scores.hpp"
+#include "cpu/sequence.hpp"
+
+namespace flashcpp::detail::cpu {
+namespace {
+
+constexpr int kBlockM = 64;   // query rows per block
+constexpr int kBlockN = 128;  // keys per block
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+struct Inputs {
+  Fp32Input q, k, v, out, dout;
+};
+
+// Per-row statistics in a dense layout: [B, Hq, Nq] padded, [Hq, total_q] varlen.
+class RowStats {
+ public:
+  explicit RowStats(const ForwardParams& p)
+      : batch_stride_(p.is_varlen() ? 0 : std::int64_t{p.heads_q} * p.seqlen_q),
+        head_stride_(p.is_varlen() ? total_rows_q(p) : p.seqlen_q),
+        lse_log2_(static_cast<std::size_t>(total_rows_q(p) * p.heads_q)),
+        delta_(lse_log2_.size()) {}
+
+  std::int64_t index(const Sequence& seq, int head, std::int64_t row) const {
+    return seq.batch * batch_stride_ + head * head_stride_ + seq.q_begin + row;
+  }
+  float* lse_log2(const Sequence& seq, int head) { return &lse_log2_[index(seq, head, 0)]; }
+  float* delta(const Sequence& seq, int head) { return &delta_[index(seq, head, 0)]; }
+  const float* lse_log2(const Sequence& seq, int head) const { return &lse_log2_[index(seq, head, 0)]; }
+  const float* delta(const Sequence& seq, int head) const { return &delta_[index(seq, head, 0)]; }
+
+ private:
+  std::int64_t batch_stride_, head_stride_;
+  std::vector<float> lse_log2_, delta_;
+};
+
+struct Scratch {
+  explicit Scratch(int d, int dv)
+      : p(kBlockM * kBlockN), ds(kBlockM * kBlockN), tanh_values(kBlockM * kBlockN),
+        acc(static_cast<std::size_t>(kBlockN) * d), acc_v(static_cast<std::size_t>(kBlockN) * dv) {}
+  std::vector<float> p;            // scores, then probabilities
+  std::vector<float> ds;           // dP, then dS
+  std::vector<float> tanh_values;  // softcap only
+  std::vector<float> acc;          // dK (pass 1) or dQ (pass 2) rows
+  std::vector<float> acc_v;        // dV rows (pass 1)
+};
+
+struct Problem {
+  const BackwardParams& params;
+  const Inputs& in;
+  const RowStats& stats;
+  ScoreTransform transform;
+};
+
+// P and dS (of the natural-log scores, softcap derivative included, without the softmax
+// scale) of query rows [r0, r0 + rows) of `head` against keys [c0, c0 + cols), into w.p, w.ds.
+void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0, int rows,
+                     std::int64_t c0, int cols, Scratch& w) {
+  const BackwardParams& p = pr.params;
+  const int kv_head = head / (p.heads_q / p.heads_kv);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const bool softcap = pr.transform.softcap_log2 > 0;
+  block_scores(pr.in.q.q_row(seq, r0, head), pr.in.q.ld(), pr.in.k.k_row(seq, c0, kv_head),
+               pr.in.k.ld(), p.head_dim, pr.transform, mask, r0, rows, c0, cols, w.p.data(),
+               softcap ? w.tanh_values.data() : nullptr);
+  block_gemm(Op::none, Op::transpose, rows, cols, p.head_dim_v, 1.0f,
+             pr.in.dout.q_row(seq, r0, head), pr.in.dout.ld(), pr.in.v.k_row(seq, c0, kv_head),
+             pr.in.v.ld(), 0.0f, w.ds.data(), cols);
+
+  const float* lse_log2 = pr.stats.lse_log2(seq, head) + r0;
+  const float* delta = pr.stats.delta(seq, head) + r0;
+  for (int i = 0; i < rows; ++i) {
+    float* prob = w.p.data() + static_cast<std::int64_t>(i) * cols;
+    float* ds = w.ds.data() + static_cast<std::int64_t>(i) * cols;
+    if (lse_log2[i] == kMinusInf) {  // no visible key: the row contributes nothing
+      std::fill(prob, prob + cols, 0.0f);
+      std::fill(ds, ds + cols, 0.0f);
+      continue;
+    }
+    const float lse = lse_log2[i], d_i = delta[i];
+#pragma omp simd
+    for (int j = 0; j < cols; ++j) {
+      prob[j] = fast_exp2(prob[j] - lse);  // masked scores are -inf: probability 0
+      ds[j] = prob[j] * (ds[j] - d_i);
+    }
+    if (softcap) {
+      const float* t = w.tanh_values.data() + static_cast<std::int64_t>(i) * cols;
+      for (int j = 0; j < cols; ++j) ds[j] *= 1.0f - t[j] * t[j];
+    }
+  }
+}
+
+void row_stats(const BackwardParams& p, const Inputs& in, const Sequence& seq, int head,
+               RowStats& stats) {
+  float* lse_log2 = stats.lse_log2(seq, head);
+  float* delta = stats.delta(seq, head);
+  for (std::int64_t i = 0; i < seq.nq; ++i) {
+    lse_log2[i] = p.lse[lse_offset(p, seq, i, head)] * kLog2e;
+    const float* o = in.out.q_row(seq, i, head);
+    const float* dout = in.dout.q_row(seq, i, head);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int d = 0; d < p.head_dim_v; ++d) sum += o[d] * dout[d];
+    delta[i] = sum;
+  }
+}
+
+void store_key_rows(void* base, ElementType type, const Strides& stride, const Sequence& seq,
+                std::int64_t first, int rows, int head, const float* values, int dim) {
+  for (int i = 0; i < rows; ++i)
+    store_row(base, type, k_offset(stride, seq, first + i, head),
+              values + static_cast<std::int64_t>(i) * dim, dim);
+}
+
+// Pass 1: dK and dV of keys [c0, c0 + cols) of one kv head, summed over its query heads.
+void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64_t c0,
+                 Scratch& w) {
+  const BackwardParams& p = pr.params;
+  const int d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
+  const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
+  std::fill_n(w.acc.begin(), static_cast<std::int64_t>(cols) * d, 0.0f);
+  std::fill_n(w.acc_v.begin(), static_cast<std::int64_t>(cols) * dv, 0.0f);
+  const RowRange rows_seen =
+      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).rows_of_keys(c0, c0 + cols);
+
+  for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+    for (std::int64_t r0 = rows_seen.begin; r0 < rows_seen.end; r0 += kBlockM) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, rows_seen.end - r0));
+      recompute_block(pr, seq, head, r0, rows, c0, cols, w);
+      block_gemm(Op::transpose, Op::none, cols, dv, rows, 1.0f, w.p.data(), cols,  // dV += P^T dO
+                 pr.in.dout.q_row(seq, r0, head), pr.in.dout.ld(), 1.0f, w.acc_v.data(), dv);
+      block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(), cols,  // dK += dS^T Q
+                 pr.in.q.q_row(seq, r0, head), pr.in.q.ld(), 1.0f, w.acc.data(), d);
+    }
+  }
+  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, c0, cols, kv_head, w.acc.data(), d);
+  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, c0, cols, kv_head, w.acc_v.data(), dv);
+}
+
+// Pass 2: dQ of query rows [r0, r0 + kBlockM) of one head.
+void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0, Scratch& w) {
+  const BackwardParams& p = pr.params;
+  const int d = p.head_dim, kv_head = head / (p.heads_q / p.heads_kv);
+  const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+  std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
+  const KeyRange span =
+      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).keys_of_rows(r0, r0 + rows);
+
+  for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
+    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
+    recompute_block(pr, seq, head, r0, rows, c0, cols, w);
+    block_gemm(Op::none, Op::none, rows, d, cols, p.scale, w.ds.data(), cols,  // dQ += dS K
+               pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), 1.0f, w.acc.data(), d);
+  }
+  for (int i = 0; i < rows; ++i)
+    store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
+              w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+}
+
+}  // namespace
+
+void tiled_backward(const BackwardParams& p) {
+  use_single_threaded_blas();
+  const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
+                  k_input(p, p.v, p.v_stride, p.head_dim_v),
+                  q_input(p, p.out, p.out_stride, p.head_dim_v),
+                  q_input(p, p.dout, p.dout_stride, p.head_dim_v)};
+  RowStats stats(p);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads_q; ++h) row_stats(p, in, sequence_of(p, b), h, stats);
+
+  const Problem problem{p, in, stats, score_transform(p)};
+  const std::int64_t key_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const std::int64_t query_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
+  const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
+#pragma omp parallel
+  {
+    Scratch scratch(p.head_dim, p.head_dim_v);
+    // nowait: pass 2 does not read what pass 1 writes.
+#pragma omp for schedule(dynamic) nowait
+    for (std::int64_t t = 0; t < kv_tasks; ++t) {
+      const int kv_head = static_cast<int>(t / key_blocks % p.heads_kv);
+      const Sequence seq = sequence_of(p, static_cast<int>(t / key_blocks / p.heads_kv));
+      const std::int64_t c0 = t % key_blocks * kBlockN;
+      if (c0 < seq.nk) dk_dv_block(problem, seq, kv_head, c0, scratch);
+    }
+#pragma omp for schedule(dynamic)
+    for (std::int64_t t = 0; t < q_tasks; ++t) {
+      const int head = static_cast<int>(t / query_blocks % p.heads_q);
+      const Sequence seq = sequence_of(p, static_cast<int>(t / query_blocks / p.heads_q));
+      const std::int64_t r0 = t % query_blocks * kBlockM;
+      if (r0 < seq.nq) dq_block(problem, seq, head, r0, scratch);
+    }
+  }
+}
+
+}  // namespace flashcpp::detail::cpu

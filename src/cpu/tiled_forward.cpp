@@ -1,1 +1,135 @@
-// placeholder: being written
+// FlashAttention forward on the CPU: for each (batch, head, block of query rows), stream over
+// the visible key blocks with an online softmax, never materialising more than one
+// (block_m x block_n) score block. fp32 accumulation for every input dtype.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu/block_gemm.hpp"
+#include "cpu/block_mask.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "cpu/element_io.hpp"
+#include "cpu/fast_exp2.hpp"
+#include "cpu/fp32_input.hpp"
+#include "cpu/scores.hpp"
+#include "cpu/sequence.hpp"
+
+namespace flashcpp::detail::cpu {
+namespace {
+
+constexpr int kBlockM = 64;   // query rows per task
+constexpr int kBlockN = 256;  // keys per score block
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+struct Inputs {
+  Fp32Input q, k, v;
+};
+
+// Per-thread buffers, allocated once per call.
+struct Scratch {
+  explicit Scratch(int dv)
+      : s(kBlockM * kBlockN), o(static_cast<std::size_t>(kBlockM) * dv), m(kBlockM), l(kBlockM) {}
+  std::vector<float> s;  // scores, then probabilities
+  std::vector<float> o;  // unnormalised output rows
+  std::vector<float> m;  // running row max (log2 domain)
+  std::vector<float> l;  // running row sum of 2^(s - m)
+};
+
+// One online-softmax step: folds a score block into the running max and sum, turns the scores
+// into probabilities relative to the new max and rescales the output rows accumulated so far.
+void online_softmax(float* s, int rows, int cols, float* m, float* l, float* o, int dv) {
+  for (int i = 0; i < rows; ++i) {
+    float* row = s + static_cast<std::int64_t>(i) * cols;
+    float max = m[i];
+#pragma omp simd reduction(max : max)
+    for (int j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+    if (max == kMinusInf) {  // nothing visible to this row yet: 2^(-inf - -inf) would be NaN
+      std::fill(row, row + cols, 0.0f);
+      continue;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < cols; ++j) {
+      row[j] = fast_exp2(row[j] - max);
+      sum += row[j];
+    }
+    const float correction = fast_exp2(m[i] - max);  // 0 on the first visible block
+    l[i] = l[i] * correction + sum;
+    m[i] = max;
+    if (correction != 1.0f) {
+      float* o_row = o + static_cast<std::int64_t>(i) * dv;
+      for (int d = 0; d < dv; ++d) o_row[d] *= correction;
+    }
+  }
+}
+
+void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq, int head,
+                   std::int64_t r0, Scratch& w) {
+  const int kv_head = head / (p.heads_q / p.heads_kv);
+  const int dv = p.head_dim_v;
+  const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const ScoreTransform transform = score_transform(p);
+  std::fill_n(w.m.begin(), rows, kMinusInf);
+  std::fill_n(w.l.begin(), rows, 0.0f);
+  std::fill_n(w.o.begin(), static_cast<std::int64_t>(rows) * dv, 0.0f);
+
+  // Key blocks outside the rows' visible span are skipped; only blocks the span's edges cut
+  // through are masked element-wise (inside block_scores).
+  const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+  for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
+    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
+    block_scores(in.q.q_row(seq, r0, head), in.q.ld(), in.k.k_row(seq, c0, kv_head), in.k.ld(),
+                 p.head_dim, transform, mask, r0, rows, c0, cols, w.s.data(), nullptr);
+    online_softmax(w.s.data(), rows, cols, w.m.data(), w.l.data(), w.o.data(), dv);
+    block_gemm(Op::none, Op::none, rows, dv, cols, 1.0f, w.s.data(), cols,
+               in.v.k_row(seq, c0, kv_head), in.v.ld(), 1.0f, w.o.data(), dv);
+  }
+
+  for (int i = 0; i < rows; ++i) {
+    float* o_row = w.o.data() + static_cast<std::int64_t>(i) * dv;
+    const bool empty = w.l[i] == 0.0f;  // no visible key: out = 0, lse = -inf
+    const float inv_l = empty ? 0.0f : 1.0f / w.l[i];
+    for (int d = 0; d < dv; ++d) o_row[d] *= inv_l;
+    store_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv);
+    if (p.lse) {
+      p.lse[lse_offset(p, seq, r0 + i, head)] =
+          empty ? kMinusInf : (w.m[i] + std::log2(w.l[i])) * kLn2;
+    }
+  }
+}
+
+}  // namespace
+
+void tiled_forward(const ForwardParams& p) {
+  use_single_threaded_blas();
+  const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
+                  k_input(p, p.v, p.v_stride, p.head_dim_v)};
+  const std::int64_t blocks_per_head = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
+
+  // Tasks are (batch, head, row block), row block fastest so neighbouring tasks share K/V in
+  // cache; dynamic scheduling evens out causal and varlen imbalance. Each task writes only its
+  // own rows, so the result does not depend on the schedule.
+#pragma omp parallel
+  {
+    Scratch scratch(p.head_dim_v);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const int head = static_cast<int>(t / blocks_per_head % p.heads_q);
+      const Sequence seq = sequence_of(p, static_cast<int>(t / blocks_per_head / p.heads_q));
+      const std::int64_t r0 = t % blocks_per_head * kBlockM;
+      if (r0 < seq.nq) forward_block(p, in, seq, head, r0, scratch);
+    }
+  }
+}
+
+const char* tiled_kernel_name() {
+  static const std::string name = std::string("cpu_tiled_") + block_gemm_name();
+  return name.c_str();
+}
+
+}  // namespace flashcpp::detail::cpu

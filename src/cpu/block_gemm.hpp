@@ -1,0 +1,22 @@
+#pragma once
+// Block products of the tiled CPU backend: C = alpha * op(A) * op(B) + beta * C on row-major
+// fp32 matrices with leading dimensions (so blocks of strided tensors are used in place).
+// OpenBLAS when built with FLASHCPP_WITH_CBLAS, plain loops otherwise.
+#include <cstdint>
+
+namespace flashcpp::detail::cpu {
+
+enum class Op : bool { none, transpose };
+
+void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                std::int64_t ldc);
+
+// Call once before block_gemm is used inside an OpenMP region: the threads come from OpenMP,
+// so the BLAS must not start its own.
+void use_single_threaded_blas();
+
+// "openblas" or "loops".
+const char* block_gemm_name();
+
+}  // namespace flashcpp::detail::cpu
