@@ -1,0 +1,39 @@
+"""flashcpp: exact attention (FlashAttention) from C++20/CUDA.
+
+    import numpy as np, flashcpp
+    q = k = v = np.random.randn(2, 128, 8, 64).astype(np.float32)   # [B, N, H, D]
+    out = flashcpp.attention(q, k, v, causal=True)
+    print(flashcpp.last_run_info())   # RunInfo(backend='cpu', kernel=..., num_splits=1)
+
+Works on any tensor speaking DLPack or __cuda_array_interface__ (NumPy on the CPU backend,
+PyTorch, CuPy, ...); outputs are allocated with the input's framework. PyTorch custom ops
+(autograd, torch.compile, CUDA graphs) live in flashcpp.torch, the Hugging Face transformers
+attention backend in flashcpp.transformers. See docs/python.md.
+"""
+
+from ._C import __version__, built_with_cuda
+from ._api import (
+    Error,
+    RunInfo,
+    attention,
+    attention_backward,
+    attention_varlen,
+    attention_varlen_backward,
+    cuda_available,
+    last_run_info,
+    select_backend,
+)
+
+__all__ = [
+    "Error",
+    "RunInfo",
+    "__version__",
+    "attention",
+    "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
+    "built_with_cuda",
+    "cuda_available",
+    "last_run_info",
+    "select_backend",
+]

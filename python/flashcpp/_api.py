@@ -1,0 +1,225 @@
+"""Framework-neutral entry points: NumPy, PyTorch, CuPy, anything with DLPack.
+
+Layouts follow the contract (shared/design/CONTRACT.md):
+q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], out [B, Nq, Hq, Dv],
+lse [B, Hq, Nq] float32; varlen: q [total_q, Hq, D], cu_seqlens int32 [B + 1], lse [Hq, total_q].
+Any strides work as long as the last dimension is contiguous.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple, Optional, Tuple
+
+from . import _C
+from ._frameworks import framework_of, shape_of, stream_handle
+
+Error = _C.Error
+
+
+class RunInfo(NamedTuple):
+    """What the last call ran: backend ("cpu", "cuda_sm90", ...), kernel name, KV splits."""
+
+    backend: str
+    kernel: str
+    num_splits: int
+
+
+_last = threading.local()
+
+
+def last_run_info() -> Optional[RunInfo]:
+    """The RunInfo of the last flashcpp call made by this thread (None before any call).
+
+    Under CUDA graph replay nothing runs on the host, so this keeps the value of the capture.
+    """
+    return getattr(_last, "info", None)
+
+
+def _record(info: Tuple[str, str, int]) -> RunInfo:
+    run = RunInfo(*info)
+    _last.info = run
+    return run
+
+
+def cuda_available() -> bool:
+    """True when flashcpp was built with CUDA and a usable GPU is present."""
+    return bool(_C.cuda_available())
+
+
+def options_kwargs(
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    backend: str = "auto",
+    num_splits: int = 0,
+    deterministic: bool = False,
+) -> dict:
+    """Checks the Python types of the options and returns the native module's keywords."""
+    try:
+        window_left, window_right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    return dict(
+        causal=bool(causal),
+        softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        window_left=int(window_left),
+        window_right=int(window_right),
+        softcap=float(softcap),
+        backend=backend,
+        num_splits=int(num_splits),
+        deterministic=bool(deterministic),
+    )
+
+
+def _wants_autograd(q, k, v) -> bool:
+    fw = framework_of(q)
+    if fw.name != "torch":
+        return False
+    torch = fw.torch
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+
+def _workspace(fw, like, forward: bool, q, k, v, kwargs):
+    """Scratch memory for a CUDA call, allocated with the caller's framework (None if unneeded)."""
+    if not fw.is_cuda(like):
+        return None
+    query = _C.forward_workspace_size if forward else _C.backward_workspace_size
+    nbytes = query(q, k, v, **kwargs)
+    return fw.empty(like, (nbytes,), "uint8") if nbytes else None
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
+             stream, out, lse_out, kwargs):
+    fw = framework_of(q)
+    q_shape, v_shape = shape_of(q, "q"), shape_of(v, "v")
+    shape_of(k, "k")
+    varlen = cu_seqlens_q is not None
+    if out is None and q_shape and v_shape:
+        out = fw.empty(q, q_shape[:-1] + v_shape[-1:])
+    if return_lse and lse_out is None:
+        if varlen and len(q_shape) == 3:
+            lse_out = fw.empty(q, (q_shape[1], q_shape[0]), "float32")
+        elif not varlen and len(q_shape) == 4:
+            lse_out = fw.empty(q, (q_shape[0], q_shape[2], q_shape[1]), "float32")
+    q, k, v = fw.prepare(q), fw.prepare(k), fw.prepare(v)
+    with fw.device_guard(q):
+        handle = fw.default_stream(q) if stream is None else stream_handle(stream)
+        workspace = _workspace(fw, q, True, q, k, v, kwargs)
+        _record(_C.forward(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k,
+                           int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
+                           workspace=workspace))
+    return (out, lse_out) if return_lse else out
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
+              window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+              return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
+              stream: Any = None, out: Any = None, lse_out: Any = None):
+    """Exact attention, out [B, Nq, Hq, Dv] = softmax(scale * q k^T) v, in q's framework.
+
+    q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (Hq a multiple of Hkv: GQA/MQA).
+    causal: bottom-right aligned (key j visible to query i iff j <= i + Nk - Nq).
+    window: (left, right) around that diagonal, -1 unbounded. softcap: c * tanh(s / c), 0 off.
+    return_lse: also return lse [B, Hq, Nq] float32 (natural log of the softmax denominator).
+    backend: "auto", "cpu", "cpu_reference" (float64 oracle), "cuda_sm80", "cuda_sm90".
+    stream: CUDA stream (int, torch or cupy stream); default: the framework's current stream
+    (torch, cupy) or the legacy default stream. out/lse_out: preallocated outputs.
+    PyTorch tensors that require grad go through flashcpp.torch (autograd, torch.compile).
+    """
+    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
+    if _wants_autograd(q, k, v):
+        if out is not None or lse_out is not None or stream is not None:
+            raise ValueError("out=, lse_out= and stream= are not supported with autograd "
+                             "(inputs require grad)")
+        from . import torch as flashcpp_torch
+
+        return flashcpp_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                        window=window, softcap=softcap, return_lse=return_lse,
+                                        backend=backend)
+    return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     *, causal: bool = False, softmax_scale: Optional[float] = None,
+                     window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
+                     stream: Any = None, out: Any = None, lse_out: Any = None):
+    """Attention over packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv].
+
+    Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q (int32 [B + 1], same device as
+    q) and the matching rows of k and v; max_seqlen_* bound the lengths. lse is [Hq, total_q].
+    Masks are per sequence, bottom-right aligned. Other arguments as in attention().
+    """
+    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
+    if _wants_autograd(q, k, v):
+        if out is not None or lse_out is not None or stream is not None:
+            raise ValueError("out=, lse_out= and stream= are not supported with autograd "
+                             "(inputs require grad)")
+        from . import torch as flashcpp_torch
+
+        return flashcpp_torch.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+            softmax_scale=softmax_scale, window=window, softcap=softcap, return_lse=return_lse,
+            backend=backend)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise TypeError("cu_seqlens_q and cu_seqlens_k: expected int32 arrays, got None")
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
+                    stream, out, lse_out, kwargs)
+
+
+def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              stream, dq, dk, dv, kwargs):
+    fw = framework_of(q)
+    shapes = [shape_of(t, n) for t, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"),
+                                          (out, "out"), (lse, "lse"))]
+    dq = fw.empty(q, shapes[1]) if dq is None else dq
+    dk = fw.empty(q, shapes[2]) if dk is None else dk
+    dv = fw.empty(q, shapes[3]) if dv is None else dv
+    dout, q, k, v, out, lse = (fw.prepare(t) for t in (dout, q, k, v, out, lse))
+    with fw.device_guard(q):
+        handle = fw.default_stream(q) if stream is None else stream_handle(stream)
+        workspace = _workspace(fw, q, False, q, k, v, kwargs)
+        _record(_C.backward(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                            int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
+                            workspace=workspace))
+    return dq, dk, dv
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal: bool = False,
+                       softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0, deterministic: bool = False, backend: str = "auto",
+                       stream: Any = None, dq: Any = None, dk: Any = None, dv: Any = None):
+    """Gradients (dq, dk, dv) of attention() given its out, lse and the output gradient dout.
+
+    The options must be those of the forward call. dk and dv of a KV head sum over the query
+    heads that share it. deterministic: bitwise-identical results run to run.
+    """
+    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, 0, deterministic)
+    return _backward(dout, q, k, v, out, lse, None, None, 0, 0, stream, dq, dk, dv, kwargs)
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                              softmax_scale: Optional[float] = None,
+                              window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              deterministic: bool = False, backend: str = "auto",
+                              stream: Any = None, dq: Any = None, dk: Any = None,
+                              dv: Any = None):
+    """Gradients (dq, dk, dv) of attention_varlen(); lse is [Hq, total_q]."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise TypeError("cu_seqlens_q and cu_seqlens_k: expected int32 arrays, got None")
+    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, 0, deterministic)
+    return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, stream, dq, dk, dv, kwargs)
+
+
+def select_backend(q, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
+                   softcap: float = 0.0, backend: str = "auto") -> str:
+    """The backend a forward call with q and these options would run on (no work is done)."""
+    kwargs = options_kwargs(causal, None, window, softcap, backend)
+    fw = framework_of(q)
+    return _C.select_backend(fw.prepare(q), **kwargs)

@@ -1,0 +1,389 @@
+// flashcpp._C: the native half of the Python package.
+//
+// It turns framework tensors into flashcpp::TensorView (DLPack and the buffer protocol through
+// nb::ndarray, __cuda_array_interface__ by hand) and calls the public C++ API. It allocates
+// nothing: the Python layer allocates outputs and workspace with the caller's framework and
+// passes them here, so PyTorch's caching allocator (and CUDA graph pools) own every byte.
+// flashcpp::Error becomes flashcpp.Error, a ValueError; a Python value of the wrong kind
+// becomes TypeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "flashcpp/flashcpp.hpp"
+
+#ifdef FLASHCPP_PY_WITH_CUDART
+#include <cuda_runtime_api.h>
+#endif
+
+namespace nb = nanobind;
+using flashcpp::AttentionOptions;
+using flashcpp::Backend;
+using flashcpp::DType;
+using flashcpp::TensorView;
+
+namespace {
+
+using RunInfoTuple = std::tuple<std::string, std::string, int>;
+
+// Keeps the imported arrays (and so the DLPack capsules' owners) alive during one call.
+struct Imports {
+  std::deque<nb::ndarray<nb::ro>> read_only;
+  std::deque<nb::ndarray<>> writable;
+};
+
+[[noreturn]] void type_error(const std::string& message) { throw nb::type_error(message.c_str()); }
+
+std::string python_type_name(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
+
+std::string dlpack_dtype_name(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  std::string base;
+  switch (static_cast<Code>(t.code)) {
+    case Code::Int: base = "int"; break;
+    case Code::UInt: base = "uint"; break;
+    case Code::Float: base = "float"; break;
+    case Code::Bfloat: base = "bfloat"; break;
+    case Code::Complex: base = "complex"; break;
+    case Code::Bool: return "bool";
+    default: base = "dlpack_code" + std::to_string(t.code) + "_"; break;
+  }
+  std::string name = base + std::to_string(t.bits);
+  if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  return name;
+}
+
+DType dtype_of(nb::dlpack::dtype t, const char* name) {
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 32) return DType::fp32;
+    if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 16) return DType::fp16;
+    if (t.code == static_cast<uint8_t>(Code::Bfloat) && t.bits == 16) return DType::bf16;
+    if (t.code == static_cast<uint8_t>(Code::Int) && t.bits == 32) return DType::int32;
+  }
+  type_error(std::string(name) + ": dtype " + dlpack_dtype_name(t) +
+             " is not supported (supported: float32, float16, bfloat16; int32 for cu_seqlens)");
+}
+
+flashcpp::Device device_of(int device_type, int device_id, const char* name) {
+  switch (device_type) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value:  // pinned host memory is host memory
+      return flashcpp::Device::cpu();
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value:
+      return flashcpp::Device::cuda(device_id);
+    default:
+      type_error(std::string(name) + ": DLPack device type " + std::to_string(device_type) +
+                 " is not supported (supported: cpu, cuda)");
+  }
+}
+
+void check_rank(std::size_t ndim, const char* name) {
+  if (ndim > static_cast<std::size_t>(TensorView::kMaxRank))
+    throw flashcpp::Error(std::string(name) + ": expected at most " +
+                          std::to_string(TensorView::kMaxRank) + " dimensions, got " +
+                          std::to_string(ndim));
+}
+
+template <typename Array>
+TensorView view_of_ndarray(const Array& a, const char* name) {
+  check_rank(a.ndim(), name);
+  TensorView view;
+  view.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  view.dtype = dtype_of(a.dtype(), name);
+  view.device = device_of(a.device_type(), a.device_id(), name);
+  view.rank = static_cast<int>(a.ndim());
+  for (int d = 0; d < view.rank; ++d) {
+    view.shape[d] = static_cast<std::int64_t>(a.shape(d));
+    view.stride[d] = a.stride(d);
+  }
+  return view;
+}
+
+// __cuda_array_interface__ (version 2 or 3) for producers without DLPack, e.g. Numba.
+DType dtype_of_typestr(const std::string& typestr, const char* name) {
+  const std::string kind = typestr.size() > 1 ? typestr.substr(1) : typestr;
+  if (kind == "f4") return DType::fp32;
+  if (kind == "f2") return DType::fp16;
+  if (kind == "i4") return DType::int32;
+  type_error(std::string(name) + ": __cuda_array_interface__ typestr '" + typestr +
+             "' is not supported (supported: <f4, <f2, <i4; pass bfloat16 through DLPack)");
+}
+
+TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool writable) {
+  nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
+  nb::tuple shape = nb::cast<nb::tuple>(cai["shape"]);
+  check_rank(shape.size(), name);
+  nb::tuple data = nb::cast<nb::tuple>(cai["data"]);
+  if (writable && nb::cast<bool>(data[1]))
+    throw flashcpp::Error(std::string(name) + ": array is read-only");
+  TensorView view;
+  view.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(data[0]));
+  view.dtype = dtype_of_typestr(nb::cast<std::string>(cai["typestr"]), name);
+  view.rank = static_cast<int>(shape.size());
+  const auto item = static_cast<std::int64_t>(flashcpp::dtype_size(view.dtype));
+  nb::object strides = cai.contains("strides") ? nb::borrow(cai["strides"]) : nb::none();
+  std::int64_t running = 1;
+  for (int d = view.rank - 1; d >= 0; --d) {
+    view.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    if (strides.is_none()) {
+      view.stride[d] = running;
+      running *= view.shape[d];
+    } else {
+      const auto bytes = nb::cast<std::int64_t>(nb::cast<nb::tuple>(strides)[d]);
+      if (bytes % item != 0)
+        throw flashcpp::Error(std::string(name) + ": stride of dimension " + std::to_string(d) +
+                              " (" + std::to_string(bytes) +
+                              " bytes) is not a multiple of the element size");
+      view.stride[d] = bytes / item;
+    }
+  }
+  int device = 0;
+#ifdef FLASHCPP_PY_WITH_CUDART
+  cudaPointerAttributes attributes{};
+  if (view.data != nullptr && cudaPointerGetAttributes(&attributes, view.data) == cudaSuccess)
+    device = attributes.device;
+  else
+    cudaGetLastError();  // clear the sticky-free error of a failed query
+#endif
+  view.device = flashcpp::Device::cuda(device);
+  return view;
+}
+
+TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& keep) {
+  if (obj.is_none()) type_error(std::string(name) + ": expected an array or tensor, got None");
+  if (writable) {
+    nb::ndarray<> array;
+    if (nb::try_cast(obj, array, false)) {
+      keep.writable.push_back(array);
+      return view_of_ndarray(keep.writable.back(), name);
+    }
+  }
+  nb::ndarray<nb::ro> array;
+  if (nb::try_cast(obj, array, false)) {
+    if (writable) throw flashcpp::Error(std::string(name) + ": array is read-only");
+    keep.read_only.push_back(array);
+    return view_of_ndarray(keep.read_only.back(), name);
+  }
+  if (nb::hasattr(obj, "__cuda_array_interface__"))
+    return view_of_cuda_array_interface(obj, name, writable);
+  type_error(std::string(name) +
+             ": expected an array or tensor (DLPack, buffer protocol or "
+             "__cuda_array_interface__), got " +
+             python_type_name(obj));
+}
+
+const TensorView* optional_view(nb::handle obj, const char* name, bool writable, Imports& keep,
+                                TensorView& storage) {
+  if (obj.is_none()) return nullptr;
+  storage = view_of(obj, name, writable, keep);
+  return &storage;
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "auto" || name == "automatic") return Backend::automatic;
+  if (name == "cpu") return Backend::cpu;
+  if (name == "cpu_reference") return Backend::cpu_reference;
+  if (name == "cuda_sm80") return Backend::cuda_sm80;
+  if (name == "cuda_sm90") return Backend::cuda_sm90;
+  throw flashcpp::Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
+                        "cuda_sm90, got '" + name + "'");
+}
+
+AttentionOptions make_options(bool causal, std::optional<float> softmax_scale, int window_left,
+                              int window_right, float softcap, const std::string& backend,
+                              int num_splits, bool deterministic) {
+  AttentionOptions options;
+  options.causal = causal;
+  options.softmax_scale = softmax_scale;
+  options.window_left = window_left;
+  options.window_right = window_right;
+  options.softcap = softcap;
+  options.backend = parse_backend(backend);
+  options.num_splits = num_splits;
+  options.deterministic = deterministic;
+  return options;
+}
+
+flashcpp::Workspace workspace_of(nb::handle obj, Imports& keep) {
+  if (obj.is_none()) return {};
+  const TensorView view = view_of(obj, "workspace", true, keep);
+  return {view.data, static_cast<std::size_t>(view.numel()) * flashcpp::dtype_size(view.dtype)};
+}
+
+flashcpp::Stream stream_of(std::uintptr_t stream) {
+  return reinterpret_cast<flashcpp::Stream>(stream);
+}
+
+RunInfoTuple to_tuple(const flashcpp::RunInfo& info) {
+  return {flashcpp::backend_name(info.backend), info.kernel ? info.kernel : "", info.num_splits};
+}
+
+// The keyword arguments every entry point shares, in this order, after its tensors.
+#define FLASHCPP_OPTION_ARGS                                                          \
+  nb::kw_only(), nb::arg("causal") = false, nb::arg("softmax_scale") = nb::none(),   \
+      nb::arg("window_left") = -1, nb::arg("window_right") = -1,                     \
+      nb::arg("softcap") = 0.0f, nb::arg("backend") = "auto", nb::arg("num_splits") = 0, \
+      nb::arg("deterministic") = false
+
+RunInfoTuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                     nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int max_seqlen_q,
+                     int max_seqlen_k, bool causal, std::optional<float> softmax_scale,
+                     int window_left, int window_right, float softcap, const std::string& backend,
+                     int num_splits, bool deterministic, std::uintptr_t stream,
+                     nb::handle workspace) {
+  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
+                                                softcap, backend, num_splits, deterministic);
+  Imports keep;
+  const TensorView qv = view_of(q, "q", false, keep);
+  const TensorView kv = view_of(k, "k", false, keep);
+  const TensorView vv = view_of(v, "v", false, keep);
+  const TensorView ov = view_of(out, "out", true, keep);
+  TensorView lse_storage, cu_q_storage, cu_k_storage;
+  const TensorView* lv = optional_view(lse, "lse", true, keep, lse_storage);
+  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
+  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
+  const flashcpp::Workspace ws = workspace_of(workspace, keep);
+  flashcpp::RunInfo info;
+  {
+    nb::gil_scoped_release release;
+    if (cu_q == nullptr && cu_k == nullptr) {
+      info = flashcpp::forward(qv, kv, vv, ov, lv, options, stream_of(stream), ws);
+    } else {
+      if (cu_q == nullptr || cu_k == nullptr)
+        throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
+      info = flashcpp::forward_varlen(qv, kv, vv, ov, lv, *cu_q, *cu_k, max_seqlen_q,
+                                      max_seqlen_k, options, stream_of(stream), ws);
+    }
+  }
+  return to_tuple(info);
+}
+
+RunInfoTuple backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                      nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+                      nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int max_seqlen_q,
+                      int max_seqlen_k, bool causal, std::optional<float> softmax_scale,
+                      int window_left, int window_right, float softcap,
+                      const std::string& backend, int num_splits, bool deterministic,
+                      std::uintptr_t stream, nb::handle workspace) {
+  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
+                                                softcap, backend, num_splits, deterministic);
+  Imports keep;
+  const TensorView dov = view_of(dout, "dout", false, keep);
+  const TensorView qv = view_of(q, "q", false, keep);
+  const TensorView kv = view_of(k, "k", false, keep);
+  const TensorView vv = view_of(v, "v", false, keep);
+  const TensorView ov = view_of(out, "out", false, keep);
+  const TensorView lv = view_of(lse, "lse", false, keep);
+  const TensorView dqv = view_of(dq, "dq", true, keep);
+  const TensorView dkv = view_of(dk, "dk", true, keep);
+  const TensorView dvv = view_of(dv, "dv", true, keep);
+  TensorView cu_q_storage, cu_k_storage;
+  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
+  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
+  const flashcpp::Workspace ws = workspace_of(workspace, keep);
+  flashcpp::RunInfo info;
+  {
+    nb::gil_scoped_release release;
+    if (cu_q == nullptr && cu_k == nullptr) {
+      info = flashcpp::backward(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, options,
+                                stream_of(stream), ws);
+    } else {
+      if (cu_q == nullptr || cu_k == nullptr)
+        throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
+      info = flashcpp::backward_varlen(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, *cu_q, *cu_k,
+                                       max_seqlen_q, max_seqlen_k, options, stream_of(stream),
+                                       ws);
+    }
+  }
+  return to_tuple(info);
+}
+
+std::size_t workspace_size(bool for_backward, nb::handle q, nb::handle k, nb::handle v,
+                           bool causal, std::optional<float> softmax_scale, int window_left,
+                           int window_right, float softcap, const std::string& backend,
+                           int num_splits, bool deterministic) {
+  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
+                                                softcap, backend, num_splits, deterministic);
+  Imports keep;
+  const TensorView qv = view_of(q, "q", false, keep);
+  const TensorView kv = view_of(k, "k", false, keep);
+  const TensorView vv = view_of(v, "v", false, keep);
+  return for_backward ? flashcpp::backward_workspace_size(qv, kv, vv, options)
+                      : flashcpp::forward_workspace_size(qv, kv, vv, options);
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "flashcpp native module (use the flashcpp package, not this module directly)";
+  m.attr("__version__") = std::to_string(FLASHCPP_VERSION_MAJOR) + "." +
+                          std::to_string(FLASHCPP_VERSION_MINOR) + "." +
+                          std::to_string(FLASHCPP_VERSION_PATCH);
+#ifdef FLASHCPP_PY_WITH_CUDART
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+
+  // flashcpp.Error is a ValueError: invalid arguments, and requests no kernel can serve.
+  nb::exception<flashcpp::Error>(m, "Error", PyExc_ValueError);
+
+  m.def("cuda_available", &flashcpp::cuda_available,
+        "True when flashcpp was built with CUDA and a usable GPU is present.");
+
+  m.def(
+      "select_backend",
+      [](nb::handle q, bool causal, std::optional<float> softmax_scale, int window_left,
+         int window_right, float softcap, const std::string& backend, int num_splits,
+         bool deterministic) {
+        const AttentionOptions options =
+            make_options(causal, softmax_scale, window_left, window_right, softcap, backend,
+                         num_splits, deterministic);
+        Imports keep;
+        return std::string(flashcpp::backend_name(
+            flashcpp::select_backend(view_of(q, "q", false, keep), options)));
+      },
+      nb::arg("q"), FLASHCPP_OPTION_ARGS);
+
+  m.def(
+      "forward_workspace_size",
+      [](nb::handle q, nb::handle k, nb::handle v, bool causal, std::optional<float> scale,
+         int wl, int wr, float softcap, const std::string& backend, int splits, bool det) {
+        return workspace_size(false, q, k, v, causal, scale, wl, wr, softcap, backend, splits,
+                              det);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), FLASHCPP_OPTION_ARGS);
+
+  m.def(
+      "backward_workspace_size",
+      [](nb::handle q, nb::handle k, nb::handle v, bool causal, std::optional<float> scale,
+         int wl, int wr, float softcap, const std::string& backend, int splits, bool det) {
+        return workspace_size(true, q, k, v, causal, scale, wl, wr, softcap, backend, splits,
+                              det);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), FLASHCPP_OPTION_ARGS);
+
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cu_seqlens_q").none() = nb::none(),
+        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+        nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS, nb::arg("stream") = 0,
+        nb::arg("workspace").none() = nb::none(),
+        "Writes out (and lse when given); returns (backend, kernel, num_splits).");
+
+  m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS,
+        nb::arg("stream") = 0, nb::arg("workspace").none() = nb::none(),
+        "Writes dq, dk, dv; returns (backend, kernel, num_splits).");
+}
