@@ -1,0 +1,337 @@
+"""The implementations compared, behind one small interface (torch is imported lazily).
+
+Every input set is created once in BSHD memory ([B, N, H, D], the layout flashcpp takes).
+- flashcpp gets those tensors as they are, through `flashcpp.attention`.
+- The SDPA peers (cudnn, fa2, mem_eff) and flex get the [B, H, N, D] views `.transpose(1, 2)`
+  of the same memory (strides of BSHD, last dim contiguous), or with `--sdpa-layout bhsd`
+  contiguous BHSD copies (the layout cuDNN's frontend prefers).
+- The upstream gradient dO of the backward is given to each implementation in the layout of
+  that implementation's own output (same values), so no peer pays for a layout change there.
+
+A peer returns a callable for each mode; `fn(i)` runs the mode once on input set i. Whatever a
+peer cannot do raises, and the harness records the cell as n/a with the exception's text.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from grid import Case
+
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff": "EFFICIENT_ATTENTION"}
+ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
+
+
+class InputSet:
+    """q, k, v and the upstream gradient dout, in BSHD memory."""
+
+    def __init__(self, q, k, v, dout):
+        self.q, self.k, self.v, self.dout = q, k, v, dout
+
+
+def make_input_sets(case: Case, n_sets: int, seed: int = 0) -> List[InputSet]:
+    import torch  # noqa: PLC0415
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    sets = []
+    for _ in range(n_sets):
+        def rnd(n, h):
+            return torch.randn(case.B, n, h, case.D, device="cuda", dtype=dtype, generator=g)
+        sets.append(InputSet(rnd(case.Nq, case.H), rnd(case.Nk, case.Hkv), rnd(case.Nk, case.Hkv),
+                             rnd(case.Nq, case.H)))
+    return sets
+
+
+def softmax_scale(case: Case) -> float:
+    return 1.0 / math.sqrt(case.D)
+
+
+def _like(out, values):
+    """A tensor with out's strides (empty_like preserves them) holding `values`."""
+    import torch  # noqa: PLC0415
+    t = torch.empty_like(out)
+    t.copy_(values)
+    return t
+
+
+class Peer:
+    """Interface. Outputs and gradients are returned as [B, H, N, D] views by `to_bhsd`."""
+
+    name = "?"
+    has_backward = True
+
+    def available(self) -> Optional[str]:
+        """None, or why this implementation cannot run at all in this process."""
+        return None
+
+    def context(self):
+        """Entered around the check and the timing of every cell of this peer."""
+        return contextlib.nullcontext()
+
+    def prepare(self, case: Case, sets: Sequence[InputSet]) -> None:
+        """Per-case setup outside the timed region (block masks, layout copies)."""
+        self.case, self.sets = case, sets
+
+    def release(self) -> None:
+        self.case, self.sets = None, None
+
+    def make(self, mode: str) -> Callable[[int], object]:
+        return {"fwd": self.make_fwd, "bwd": self.make_bwd, "fwd+bwd": self.make_fwd_bwd}[mode]()
+
+    def make_fwd(self):
+        raise NotImplementedError
+
+    def make_bwd(self):
+        raise NotImplementedError
+
+    def make_fwd_bwd(self):
+        raise NotImplementedError
+
+    def to_bhsd(self, t):
+        return t
+
+    def describe(self) -> str:
+        """What ran in the last call (kernel, backend), where the implementation says so."""
+        return ""
+
+
+class AutogradPeer(Peer):
+    """Peers whose backward runs through PyTorch autograd (SDPA backends, flex)."""
+
+    def prepare(self, case, sets):
+        super().prepare(case, sets)
+        self._qkv = [self._layout(s) for s in sets]
+
+    def release(self):
+        super().release()
+        self._qkv = None
+
+    def _layout(self, s: InputSet):
+        views = tuple(t.transpose(1, 2) for t in (s.q, s.k, s.v))
+        if self.layout == "bhsd":
+            views = tuple(t.contiguous() for t in views)
+        return views
+
+    layout = "bshd-view"
+
+    def call(self, q, k, v):
+        raise NotImplementedError
+
+    def _leaves(self, i):
+        return tuple(t.detach().requires_grad_(True) for t in self._qkv[i])
+
+    def make_fwd(self):
+        import torch  # noqa: PLC0415
+        qkv = self._qkv
+
+        def fn(i):
+            with torch.no_grad():
+                return self.call(*qkv[i])
+        return fn
+
+    def make_bwd(self):
+        import torch  # noqa: PLC0415
+        state = []
+        for i, s in enumerate(self.sets):
+            leaves = self._leaves(i)
+            out = self.call(*leaves)
+            state.append((leaves, out, _like(out, s.dout.transpose(1, 2))))
+
+        def fn(i):
+            leaves, out, dout = state[i]
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        fn.outputs = lambda i: state[i][1]
+        return fn
+
+    def make_fwd_bwd(self):
+        import torch  # noqa: PLC0415
+        # dO in the layout of this peer's output, made before timing (one untimed forward)
+        douts = [_like(self.call(*self._leaves(i)), s.dout.transpose(1, 2))
+                 for i, s in enumerate(self.sets)]
+
+        def fn(i):
+            leaves = self._leaves(i)
+            out = self.call(*leaves)
+            return torch.autograd.grad(out, leaves, douts[i])
+        return fn
+
+
+class SdpaPeer(AutogradPeer):
+    """F.scaled_dot_product_attention restricted to one backend with sdpa_kernel."""
+
+    def __init__(self, name: str, layout: str = "bshd-view"):
+        self.name, self.layout = name, layout
+
+    def available(self):
+        import torch.nn.attention as A  # noqa: PLC0415
+        if not hasattr(A.SDPBackend, SDPA_BACKENDS[self.name]):
+            return f"this torch has no SDPBackend.{SDPA_BACKENDS[self.name]}"
+        return None
+
+    def context(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+        return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[self.name])])
+
+    def prepare(self, case, sets):
+        super().prepare(case, sets)
+        self._mask = None
+        if case.causal and case.Nq != case.Nk:
+            # SDPA's is_causal is top-left aligned; flashcpp's contract is bottom-right.
+            from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415
+            self._mask = causal_lower_right(case.Nq, case.Nk)
+
+    def call(self, q, k, v):
+        import torch.nn.functional as F  # noqa: PLC0415
+        c = self.case
+        gqa = {"enable_gqa": True} if c.H != c.Hkv else {}
+        if self._mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self._mask,
+                                                  scale=softmax_scale(c), **gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=c.causal,
+                                              scale=softmax_scale(c), **gqa)
+
+
+class FlexPeer(AutogradPeer):
+    """torch.compile(flex_attention), causal through a block mask built once per case.
+
+    dynamic=False: one specialised compile per shape (as a tuned deployment would do); the
+    recompile limits are raised so that a long grid never falls back to eager flex.
+    """
+
+    name = "flex"
+
+    def __init__(self, layout: str = "bshd-view"):
+        self.layout = layout
+        self._compiled = None
+
+    def available(self):
+        try:
+            from torch.nn.attention.flex_attention import flex_attention  # noqa: F401, PLC0415
+        except ImportError as e:
+            return f"no flex_attention in this torch: {e}"
+        return None
+
+    def prepare(self, case, sets):
+        import torch  # noqa: PLC0415
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
+        cfg = torch._dynamo.config
+        for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(cfg, knob):
+                setattr(cfg, knob, max(getattr(cfg, knob), 1024))
+        # a fresh start per case: only this case's graphs are guarded and kept
+        torch._dynamo.reset()
+        self._compiled = torch.compile(flex_attention, dynamic=False)
+        super().prepare(case, sets)
+        self._block_mask = None
+        if case.causal:
+            shift = case.Nk - case.Nq
+
+            def causal_mask(b, h, q_idx, kv_idx):
+                return q_idx + shift >= kv_idx
+            self._block_mask = create_block_mask(causal_mask, None, None, case.Nq, case.Nk,
+                                                 device="cuda")
+
+    def release(self):
+        super().release()
+        self._block_mask = None
+
+    def call(self, q, k, v):
+        c = self.case
+        return self._compiled(q, k, v, block_mask=self._block_mask, scale=softmax_scale(c),
+                              enable_gqa=c.H != c.Hkv)
+
+
+def _split_out_lse(res):
+    if isinstance(res, (tuple, list)):
+        return res[0], res[1]
+    return res.out, res.lse
+
+
+class FlashcppPeer(Peer):
+    """flashcpp.attention / flashcpp.attention_backward on the BSHD tensors themselves."""
+
+    name = "flashcpp"
+
+    def __init__(self, backend: str = "auto"):
+        self.backend = backend
+        self._mod = None
+
+    def available(self):
+        try:
+            import flashcpp  # noqa: PLC0415
+        except Exception as e:  # noqa: BLE001 (a broken build is a reason, not a crash)
+            return f"import flashcpp failed: {type(e).__name__}: {e}"
+        self._mod = flashcpp
+        return None
+
+    def _kw(self):
+        return {"causal": self.case.causal, "softmax_scale": softmax_scale(self.case),
+                "backend": self.backend}
+
+    def make_fwd(self):
+        att, sets, kw = self._mod.attention, self.sets, self._kw()
+
+        def fn(i):
+            s = sets[i]
+            return att(s.q, s.k, s.v, **kw)
+        return fn
+
+    def make_bwd(self):
+        att, sets, kw = self._mod.attention, self.sets, self._kw()
+        bwd = self._mod.attention_backward
+        state = []
+        for s in sets:
+            out, lse = _split_out_lse(att(s.q, s.k, s.v, return_lse=True, **kw))
+            state.append((out, lse, _like(out, s.dout)))
+
+        def fn(i):
+            s = sets[i]
+            out, lse, dout = state[i]
+            return bwd(dout, s.q, s.k, s.v, out, lse, **kw)
+        fn.outputs = lambda i: state[i][0]
+        return fn
+
+    def make_fwd_bwd(self):
+        att, sets, kw = self._mod.attention, self.sets, self._kw()
+        bwd = self._mod.attention_backward
+        # dO in the layout of flashcpp's output, made before timing (one untimed forward)
+        douts = [_like(_split_out_lse(att(s.q, s.k, s.v, return_lse=True, **kw))[0], s.dout)
+                 for s in sets]
+
+        def fn(i):
+            s = sets[i]
+            out, lse = _split_out_lse(att(s.q, s.k, s.v, return_lse=True, **kw))
+            return bwd(douts[i], s.q, s.k, s.v, out, lse, **kw)
+        return fn
+
+    def to_bhsd(self, t):
+        return t.transpose(1, 2)
+
+    def describe(self):
+        info = getattr(self._mod, "last_run_info", lambda: None)()
+        return f"{info.backend} {info.kernel}" if info else ""
+
+
+def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
+               flashcpp_backend: str = "auto") -> List[Peer]:
+    peers: List[Peer] = []
+    for n in names:
+        if n == "flashcpp":
+            peers.append(FlashcppPeer(flashcpp_backend))
+        elif n in SDPA_BACKENDS:
+            peers.append(SdpaPeer(n, sdpa_layout))
+        elif n == "flex":
+            peers.append(FlexPeer(sdpa_layout))
+        else:
+            raise ValueError(f"unknown implementation {n!r}")
+    return peers
+
+
+def grads_of(result) -> Tuple:
+    """(dq, dk, dv) from what a backward returned (a tuple, or an object with dq/dk/dv)."""
+    if isinstance(result, (tuple, list)):
+        return tuple(result[:3])
+    return result.dq, result.dk, result.dv

@@ -1,0 +1,65 @@
+"""GPU timing with CUDA events: warm-up, then >= 100 timed calls, the median.
+
+Each call gets its own pair of events recorded on the current stream around it, so the time is
+the GPU's. Before the timed calls the GPU is kept busy with a spin kernel (torch.cuda._sleep)
+while the host queues the calls, so that host-side overhead (Python, dispatch, autograd) shows
+only where the host cannot keep ahead of the GPU, as in a real training step.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Dict, List
+
+WARMUP_MS = 50.0       # warm-up length, at least WARMUP_MIN calls and at most WARMUP_MAX
+WARMUP_MIN = 3
+WARMUP_MAX = 50
+QUEUE_AHEAD_MS = 20.0  # how long the spin kernel holds the GPU while the host queues calls
+
+
+def summarize(times_ms: List[float]) -> Dict[str, float]:
+    """Median, min, 10th and 90th percentiles of per-call times (pure Python)."""
+    s = sorted(times_ms)
+    n = len(s)
+
+    def pct(p: float) -> float:
+        return s[min(n - 1, max(0, int(round(p * (n - 1)))))]
+
+    return {"median": statistics.median(s), "min": s[0], "p10": pct(0.1), "p90": pct(0.9), "n": n}
+
+
+def _spin(ms: float) -> None:
+    import torch  # noqa: PLC0415
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None or ms <= 0:
+        return
+    # _sleep counts SM clock cycles; ~1.98 GHz is the H100/H200 boost clock, a guess is enough.
+    sleep(int(ms * 1.98e6))
+
+
+def time_calls(fn: Callable[[int], object], n_sets: int = 1, reps: int = 100) -> Dict[str, float]:
+    """Times fn(i) for i cycling over the input sets 0..n_sets-1; returns summarize() in ms."""
+    import torch  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    # one call to estimate the duration, which sizes the warm-up
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    fn(0)
+    t1.record()
+    t1.synchronize()
+    est = max(t0.elapsed_time(t1), 1e-3)
+    warmup = int(min(WARMUP_MAX, max(WARMUP_MIN, WARMUP_MS / est)))
+    for i in range(warmup):
+        fn(i % n_sets)
+    torch.cuda.synchronize()
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    _spin(QUEUE_AHEAD_MS)
+    for r in range(reps):
+        starts[r].record()
+        fn(r % n_sets)
+        ends[r].record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
