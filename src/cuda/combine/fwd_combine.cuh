@@ -1,0 +1,63 @@
+#pragma once
+// Split-KV combine: merges the fp32 partial O and lse of every split by their lse
+//   lse = m + log(sum_s exp(lse_s - m)),  O = sum_s exp(lse_s - lse) * O_s
+// with m = max_s lse_s. Splits that saw no key have lse_s = -inf and weight 0; a row no
+// split saw gets O = 0 and lse = -inf. One warp per (batch, head, row): lanes run along the
+// head dim, so the partial-O reads are coalesced.
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/seqlen_info.hpp"
+
+namespace flashcpp::detail::cuda {
+
+inline constexpr int kCombineWarps = 4;
+
+template <class Element>
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    fwd_combine_kernel(const __grid_constant__ FwdKernelParams kp) {
+  const ForwardParams& p = kp.p;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row_id = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  if (row_id >= rows_per_split) return;
+  const int i = int(row_id % p.seqlen_q);
+  const std::int64_t bh = row_id / p.seqlen_q;
+  const int head = int(bh % p.heads_q);
+  const int b = int(bh / p.heads_q);
+  const SeqlenInfo seq(p, b);
+  if (i >= seq.seqlen_q) return;
+
+  const float* lse_s = kp.lse_accum + row_id;  // split s at lse_s[s * rows_per_split]
+  float m = -INFINITY;
+  for (int s = lane; s < kp.num_splits; s += 32) m = fmaxf(m, lse_s[s * rows_per_split]);
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float sum = 0.f;
+  if (m != -INFINITY)
+    for (int s = lane; s < kp.num_splits; s += 32) sum += expf(lse_s[s * rows_per_split] - m);
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const bool empty = sum == 0.f || sum != sum;
+  const float lse = empty ? -INFINITY : m + logf(sum);
+
+  Element* out = static_cast<Element*>(p.out) +
+                 seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head);
+  const float* o_s = kp.o_accum + row_id * p.head_dim_v;
+  const std::int64_t split_stride = rows_per_split * p.head_dim_v;
+  for (int d = lane; d < p.head_dim_v; d += 32) {
+    float acc = 0.f;
+    if (!empty) {
+      for (int s = 0; s < kp.num_splits; ++s) {
+        const float l = lse_s[s * rows_per_split];
+        if (l != -INFINITY) acc += expf(l - lse) * o_s[s * split_stride + d];
+      }
+    }
+    out[d] = Element(acc);
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride + seq.row_q + i] = lse;
+}
+
+}  // namespace flashcpp::detail::cuda

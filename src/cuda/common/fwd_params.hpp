@@ -1,0 +1,35 @@
+#pragma once
+// What a forward kernel receives: the validated ForwardParams plus the launch decisions taken on
+// the host (split count, workspace pointers, folded scales). Plain data, passed by value.
+#include <cstdint>
+
+#include "common/params.hpp"
+
+namespace flashcpp::detail::cuda {
+
+struct FwdKernelParams {
+  ForwardParams p;
+  // Split-KV: num_splits > 1 writes fp32 partial O [split, b, h, row, Dv] and partial lse
+  // [split, b, h, row] (row < seqlen_q, the max for varlen) that the combine kernel merges.
+  int num_splits = 1;
+  int n_blocks_per_split = 0;  // key blocks each split covers (from the max seqlen_k)
+  float* o_accum = nullptr;
+  float* lse_accum = nullptr;
+  int num_m_blocks = 0;
+  // exp2 is applied to s * scale_log2 - max * scale_log2 (one FFMA). Without softcap
+  // scale_log2 = scale * log2(e); with softcap the tanh already consumed scale/softcap and
+  // scale_log2 = softcap * log2(e). lse_scale is the same factor in natural-log units.
+  float scale_log2 = 0.f;
+  float lse_scale = 0.f;
+  float softcap_in_scale = 0.f;  // scale / softcap, 0 without softcap
+};
+
+// Element counts of the split-KV workspace (floats).
+inline std::int64_t split_o_accum_elems(const ForwardParams& p, int splits) {
+  return std::int64_t(splits) * p.batch * p.heads_q * std::int64_t(p.seqlen_q) * p.head_dim_v;
+}
+inline std::int64_t split_lse_accum_elems(const ForwardParams& p, int splits) {
+  return std::int64_t(splits) * p.batch * p.heads_q * std::int64_t(p.seqlen_q);
+}
+
+}  // namespace flashcpp::detail::cuda

@@ -1,0 +1,72 @@
+#pragma once
+// The mask policy of one sequence: which key blocks a query tile visits, which of them need no
+// mask at all, and the mask itself for the others. None, causal and sliding window are the
+// same rule with different bounds (CONTRACT.md, bottom-right aligned):
+//   key j visible to query i  iff  i + o - left <= j <= i + o + right, 0 <= j < Nk, o = Nk - Nq
+// with an unbounded side given as -1. Keeping them one run-time policy (instead of a template
+// parameter) keeps one kernel per (dtype, head dim) TU: the masked iterations are the few
+// blocks on the diagonal band edges and the last partial block, the unmasked ones carry no
+// mask code at all, so the run-time bounds cost nothing in the hot loop.
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace flashcpp::detail::cuda {
+
+struct BlockRange {
+  int begin;  // first key block
+  int end;    // one past the last key block; begin >= end: nothing visible
+};
+
+FLASHCPP_HOST_DEVICE std::int64_t floor_div(std::int64_t a, std::int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+struct WindowMask {
+  int seqlen_q, seqlen_k;
+  // Visible iff lo <= j - i <= hi; unbounded sides are clamped to +-2^31-ish so that an int
+  // difference j - i (both < 2^31) compares correctly.
+  std::int64_t lo, hi;
+
+  FLASHCPP_HOST_DEVICE WindowMask(int sq, int sk, int left, int right) : seqlen_q(sq), seqlen_k(sk) {
+    const std::int64_t o = std::int64_t(sk) - sq;
+    lo = left < 0 ? -(std::int64_t(1) << 40) : o - left;
+    hi = right < 0 ? (std::int64_t(1) << 40) : o + right;
+  }
+
+  // Key blocks that any row of query tile m_block (rows [m0, m0 + BM) clipped to seqlen_q)
+  // can see: [first, last] visible keys of the union, clipped to [0, seqlen_k).
+  FLASHCPP_HOST_DEVICE BlockRange n_blocks(int m_block, int block_m, int block_n) const {
+    const std::int64_t m0 = std::int64_t(m_block) * block_m;
+    std::int64_t m_last = m0 + block_m - 1;
+    if (m_last > seqlen_q - 1) m_last = seqlen_q - 1;
+    std::int64_t k_begin = m0 + lo, k_end = m_last + hi + 1;
+    if (k_begin < 0) k_begin = 0;
+    if (k_end > seqlen_k) k_end = seqlen_k;
+    if (k_begin >= k_end) return {0, 0};
+    return {int(k_begin / block_n), int((k_end + block_n - 1) / block_n)};
+  }
+
+  // Key blocks visible in full to every row of the tile (rows past seqlen_q included, which
+  // is conservative and harmless) and inside seqlen_k: these run without any mask.
+  FLASHCPP_HOST_DEVICE BlockRange unmasked_blocks(int m_block, int block_m, int block_n) const {
+    const std::int64_t m0 = std::int64_t(m_block) * block_m;
+    const std::int64_t m_last = m0 + block_m - 1;
+    // Block n is unmasked iff n*BN >= m_last + lo  and  n*BN + BN - 1 <= m0 + hi
+    // and n*BN + BN <= seqlen_k.
+    std::int64_t begin = floor_div(m_last + lo + block_n - 1, block_n);
+    std::int64_t end = floor_div(m0 + hi + 1, block_n);
+    const std::int64_t full = seqlen_k / block_n;
+    if (begin < 0) begin = 0;
+    if (end > full) end = full;
+    if (begin > end) begin = end;
+    return {int(begin), int(end)};
+  }
+
+  FLASHCPP_HOST_DEVICE bool visible(int row, int col) const {
+    const std::int64_t d = std::int64_t(col) - row;
+    return col < seqlen_k && d >= lo && d <= hi;
+  }
+};
+
+}  // namespace flashcpp::detail::cuda

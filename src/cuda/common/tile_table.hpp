@@ -1,0 +1,45 @@
+#pragma once
+// The one tile table of the sm80 (mma.sync) forward: read by the host heuristics (grid size,
+// split count, shared memory) and by the device code (kernel traits). Shapes follow the
+// FlashAttention-2 design for 4-warp/8-warp CTAs: 128 query rows per CTA (each warp owns 16 or
+// 32 rows), with the key block shrinking as the head dim grows so that the S and O
+// accumulators fit in registers without spilling (acc_o is kBlockM*D/threads floats/thread).
+// Host constexpr only: device code reads it at compile time (kernel traits).
+
+namespace flashcpp::detail::cuda {
+
+struct FwdTile {
+  int head_dim;  // the instantiated (padded) head dim
+  int block_m;   // query rows per CTA
+  int block_n;   // keys per main-loop iteration
+  int warps;     // warps per CTA; each warp owns block_m / warps rows
+};
+
+inline constexpr FwdTile kSm80FwdTiles[] = {
+    // d32/d64: 128x128, 4 warps: K/V tiles are small, so a wide key block amortises the
+    // softmax bookkeeping (FA2 measured 8 warps 18% slower at d64).
+    {32, 128, 128, 4},
+    {64, 128, 128, 4},
+    // d96/d128: 128x64, 4 warps: acc_o (64 floats/thread at d128) plus acc_s (64) stay in
+    // the 255-register budget.
+    {96, 128, 64, 4},
+    {128, 128, 64, 4},
+    // d192/d256: 8 warps so acc_o stays at 96/128 floats per thread.
+    {192, 128, 64, 8},
+    {256, 128, 64, 8},
+};
+
+// The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
+// >= head_dim; smaller dims run zero-padded). Returns {0,...} when none is large enough.
+constexpr FwdTile sm80_fwd_tile(int head_dim) {
+  for (const FwdTile& t : kSm80FwdTiles)
+    if (t.head_dim >= head_dim) return t;
+  return {0, 0, 0, 0};
+}
+
+// Shared memory of one forward CTA: Q tile + one K tile + one V tile (the O tile reuses Q).
+constexpr int sm80_fwd_smem_bytes(FwdTile t, int element_bytes) {
+  return (t.block_m + 2 * t.block_n) * t.head_dim * element_bytes;
+}
+
+}  // namespace flashcpp::detail::cuda

@@ -1,0 +1,244 @@
+// The CUDA backend seen by the API layer: device queries, backend choice, split-KV decision,
+// workspace layout and dispatch to the generated sm80 instantiations.
+#include "cuda/cuda_backend.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <deque>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/split_heuristic.hpp"
+#include "cuda/common/tile_table.hpp"
+#include "cuda/sm80/fwd_registry.hpp"
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail::cuda {
+namespace {
+
+const char* element_name(ElementType t) {
+  switch (t) {
+    case ElementType::fp16: return "fp16";
+    case ElementType::bf16: return "bf16";
+    default: return "fp32";
+  }
+}
+
+// ---- device properties, queried once per device ----
+struct DeviceInfo {
+  int major = 0, minor = 0, sm_count = 0;
+  std::string name;
+};
+
+const DeviceInfo& device_info(int device) {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<DeviceInfo>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0) throw Error("cuda: invalid device ordinal " + std::to_string(device));
+  if (cache.size() <= std::size_t(device)) cache.resize(device + 1);
+  if (!cache[device]) {
+    cudaDeviceProp prop{};
+    FLASHCPP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    auto info = std::make_unique<DeviceInfo>();
+    info->major = prop.major;
+    info->minor = prop.minor;
+    info->sm_count = prop.multiProcessorCount;
+    info->name = prop.name;
+    cache[device] = std::move(info);
+  }
+  return *cache[device];
+}
+
+// ---- the sm80 forward registry ----
+struct Sm80Kernel {
+  ElementType dtype;
+  int head_dim;
+  sm80::FwdEntry entry;
+};
+
+#define FLASHCPP_SM80_FWD(dtype, hdim) {ElementType::dtype, hdim, &sm80::fwd_##dtype##_hdim##hdim},
+constexpr Sm80Kernel kSm80Kernels[] = {
+#include "fwd_sm80_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM80_FWD
+
+std::string built_head_dims(ElementType dtype) {
+  std::string s;
+  for (const Sm80Kernel& k : kSm80Kernels)
+    if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
+  return s.empty() ? "none" : s;
+}
+
+// The smallest instantiation of this dtype whose head dim covers the call's (smaller head
+// dims run zero-padded).
+const Sm80Kernel& find_sm80_kernel(const ForwardParams& p) {
+  const Sm80Kernel* best = nullptr;
+  for (const Sm80Kernel& k : kSm80Kernels)
+    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
+        (!best || k.head_dim < best->head_dim))
+      best = &k;
+  if (!best)
+    throw Error("cuda: no sm80 kernel for head dim " + std::to_string(p.head_dim) + " " +
+                element_name(p.dtype) + " in this build (built head dims for " +
+                element_name(p.dtype) + ": " + built_head_dims(p.dtype) +
+                "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+  return *best;
+}
+
+// Kernel names for RunInfo: stable storage, built once.
+const char* kernel_name(const Sm80Kernel& k, bool split) {
+  static std::mutex mutex;
+  static std::deque<std::string> names;  // deque: handed-out c_str()s stay valid
+  std::lock_guard<std::mutex> lock(mutex);
+  const FwdTile t = sm80_fwd_tile(k.head_dim);
+  const std::string name = std::string("sm80_fwd_") + element_name(k.dtype) + "_hdim" +
+                           std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
+                           std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                           (split ? "_splitkv" : "");
+  for (const std::string& n : names)
+    if (n == name) return n.c_str();
+  names.push_back(name);
+  return names.back().c_str();
+}
+
+int num_m_blocks(const ForwardParams& p, const FwdTile& t) {
+  return int((std::int64_t(p.seqlen_q) + t.block_m - 1) / t.block_m);
+}
+int num_n_blocks(const ForwardParams& p, const FwdTile& t) {
+  return int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
+}
+
+std::size_t split_workspace_bytes(const ForwardParams& p, int splits) {
+  if (splits <= 1) return 0;
+  return std::size_t(split_o_accum_elems(p, splits) + split_lse_accum_elems(p, splits)) *
+         sizeof(float);
+}
+
+// Splits the heuristic wants, ignoring how much workspace the caller has.
+int heuristic_splits(const ForwardParams& p, const FwdTile& t) {
+  const int n_blocks = num_n_blocks(p, t);
+  const int s = split_heuristic(std::int64_t(p.batch) * p.heads_q * num_m_blocks(p, t),
+                                n_blocks, device_info(p.device).sm_count);
+  if (s <= 1) return 1;
+  const int per_split = (n_blocks + s - 1) / s;
+  return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
+}
+
+void check_sm80_supported(const ForwardParams& p) {
+  if (p.head_dim_v != p.head_dim)
+    throw Error("cuda sm80 forward: head_dim_v (" + std::to_string(p.head_dim_v) +
+                ") different from head_dim (" + std::to_string(p.head_dim) +
+                ") is not supported yet");
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16)
+    throw Error(std::string("cuda sm80 forward: dtype ") + element_name(p.dtype) +
+                " is not supported (supported: fp16, bf16)");
+  (void)find_sm80_kernel(p);
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver/device" error
+    return 0;
+  }
+  return n;
+}
+
+Backend choose_forward_backend(const ForwardParams& params, Backend requested) {
+  const DeviceInfo& dev = device_info(params.device);
+  if (dev.major < 8)
+    throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
+                std::to_string(dev.major) + std::to_string(dev.minor) +
+                ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
+  if (requested == Backend::cuda_sm90)
+    throw Error("cuda_sm90 backend: no sm90a forward kernel in this build yet");
+  // automatic on sm90 falls back to the sm80 (mma.sync) kernels, which carry sm_90 SASS.
+  check_sm80_supported(params);
+  return Backend::cuda_sm80;
+}
+
+std::size_t forward_workspace_size(const ForwardParams& params, Backend backend) {
+  (void)backend;
+  const FwdTile t = sm80_fwd_tile(find_sm80_kernel(params).head_dim);
+  const int splits = params.num_splits > 0 ? params.num_splits : heuristic_splits(params, t);
+  return split_workspace_bytes(params, splits);
+}
+
+RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Workspace workspace) {
+  if (backend != Backend::cuda_sm80) throw Error("cuda forward: only the sm80 kernels exist");
+  const Sm80Kernel& kernel = find_sm80_kernel(params);
+  const FwdTile t = sm80_fwd_tile(kernel.head_dim);
+
+  int splits = 1;
+  if (params.num_splits > 0) {
+    splits = params.num_splits;
+    const std::size_t need = split_workspace_bytes(params, splits);
+    if (splits > 1 && (workspace.data == nullptr || workspace.bytes < need))
+      throw Error("workspace: needs " + std::to_string(need) + " bytes for " +
+                  std::to_string(splits) + " splits, got " +
+                  std::to_string(workspace.data ? workspace.bytes : 0));
+  } else {
+    splits = heuristic_splits(params, t);
+    // No (or too little) workspace: run unsplit rather than fail; the result is the same.
+    if (splits > 1 && (workspace.data == nullptr ||
+                       workspace.bytes < split_workspace_bytes(params, splits)))
+      splits = 1;
+  }
+
+  FwdKernelParams kp;
+  kp.p = params;
+  kp.num_splits = splits;
+  kp.num_m_blocks = num_m_blocks(params, t);
+  const int n_blocks = num_n_blocks(params, t);
+  kp.n_blocks_per_split = (n_blocks + splits - 1) / splits;
+  if (splits > 1) {
+    kp.o_accum = static_cast<float*>(workspace.data);
+    kp.lse_accum = kp.o_accum + split_o_accum_elems(params, splits);
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (params.softcap > 0.f) {
+    kp.softcap_in_scale = params.scale / params.softcap;
+    kp.lse_scale = params.softcap;
+  } else {
+    kp.lse_scale = params.scale;
+  }
+  kp.scale_log2 = kp.lse_scale * kLog2e;
+
+  int current = 0;
+  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
+  try {
+    kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream));
+  } catch (...) {
+    if (current != params.device) cudaSetDevice(current);
+    throw;
+  }
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  return {Backend::cuda_sm80, kernel_name(kernel, splits > 1), splits};
+}
+
+std::size_t backward_workspace_size(const ForwardParams& params, Backend backend) {
+  (void)params;
+  (void)backend;
+  throw Error("cuda backward: not implemented yet (GPU backward kernels are a later issue)");
+}
+
+RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
+                 Workspace workspace) {
+  (void)params;
+  (void)backend;
+  (void)stream;
+  (void)workspace;
+  throw Error("cuda backward: not implemented yet (GPU backward kernels are a later issue)");
+}
+
+}  // namespace flashcpp::detail::cuda

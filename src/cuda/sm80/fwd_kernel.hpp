@@ -1,0 +1,56 @@
+#pragma once
+// The sm80 forward kernel = scheduler (which tile) + mask policy (which key blocks) +
+// mainloop (the products and the online softmax) + epilogue (stores). The shell holds no
+// math of its own.
+#include <cute/tensor.hpp>
+
+#include "cuda/common/fwd_epilogue.hpp"
+#include "cuda/common/mask_policy.hpp"
+#include "cuda/common/seqlen_info.hpp"
+#include "cuda/common/softmax.hpp"
+#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/sm80/fwd_mainloop.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+using namespace cute;
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdKernelParams kp) {
+  extern __shared__ __align__(128) char smem[];
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  const TileCoord tile = tile_of_block(kp, blockIdx.x);
+  const SeqlenInfo seq(kp.p, tile.batch);
+  // Varlen grids are sized by the longest sequence; shorter ones leave CTAs with no rows.
+  if (tile.m_block * kBlockM >= seq.seqlen_q) return;
+
+  const WindowMask mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right);
+  BlockRange range = mask.n_blocks(tile.m_block, kBlockM, kBlockN);
+  if (kp.num_splits > 1) {
+    const int split_begin = tile.split * kp.n_blocks_per_split;
+    range.begin = max(range.begin, split_begin);
+    range.end = min(range.end, split_begin + kp.n_blocks_per_split);
+  }
+  const BlockRange unmasked = mask.unmasked_blocks(tile.m_block, kBlockM, kBlockN);
+
+  typename Traits::TiledMma tiled_mma;
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
+  clear(acc_o);
+  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
+  OnlineSoftmax<kRows> softmax;
+  // A tile with no visible key skips every load and product: finalize then yields O = 0 and
+  // lse = -inf for all its rows.
+  if (range.begin < range.end) {
+    FwdMainloop<Traits>{}(kp, seq, mask, tile.m_block, tile.head, range, unmasked, smem, acc_o,
+                          softmax);
+  }
+  float lse[kRows];
+  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  softmax.finalize(o_rc, kp.lse_scale, lse);
+  FwdEpilogue<Traits>{}(kp, seq, tile, acc_o, lse, smem);
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

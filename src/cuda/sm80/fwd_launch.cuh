@@ -1,0 +1,41 @@
+#pragma once
+// Host side of one sm80 forward instantiation: grid, shared memory opt-in, launch, and the
+// split-KV combine when the call was split. Included only by the generated per-instantiation
+// translation units (one kernel per TU keeps compile time and memory per nvcc process low).
+#include <climits>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/combine/fwd_combine.cuh"
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/sm80/fwd_kernel.hpp"
+#include "cuda/sm80/kernel_traits.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+template <class Element, int kHeadDim>
+void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
+  using Traits = FwdTraits<Element, kHeadDim>;
+  const auto kernel = &fwd_kernel<Traits>;
+  constexpr int smem = Traits::kSmemBytes;
+  // Above 48 KB of dynamic shared memory a kernel must opt in (once per device is enough, but
+  // the attribute call is cheap and keeps this free of per-device state).
+  if constexpr (smem > 48 * 1024)
+    FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const std::int64_t blocks = std::int64_t(kp.num_m_blocks) * kp.num_splits * kp.p.heads_q * kp.p.batch;
+  if (blocks > INT_MAX)
+    throw Error("cuda sm80 forward: " + std::to_string(blocks) +
+                " thread blocks exceed the grid limit (2^31 - 1)");
+  kernel<<<unsigned(blocks), Traits::kNThreads, smem, stream>>>(kp);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  if (kp.num_splits > 1) {
+    const std::int64_t rows = std::int64_t(kp.p.batch) * kp.p.heads_q * kp.p.seqlen_q;
+    const std::int64_t combine_blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+    if (combine_blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
+    fwd_combine_kernel<Element><<<unsigned(combine_blocks), kCombineWarps * 32, 0, stream>>>(kp);
+    FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

@@ -1,0 +1,73 @@
+#pragma once
+// Compile-time description of one sm80 forward instantiation: the tile (from the tile table),
+// the mma.sync tiled MMA, swizzled shared-memory layouts and the copy atoms.
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "cuda/common/tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr FwdTile kTile = sm80_fwd_tile(kHeadDim_);
+  static_assert(kTile.head_dim == kHeadDim_, "head dim must be a tile table entry");
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kNWarps = kTile.warps;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kBlockM % (16 * kNWarps) == 0);
+
+  // m16n8k16 with fp32 accumulation; warps stacked along M (each owns whole rows, so row
+  // statistics never cross warps). The 16-wide N tile pairs two n8 atoms so that one
+  // ldmatrix.x4 feeds a whole B k16 x n16 block.
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     SM80_16x8x16_F32F16F16F32_TN, SM80_16x8x16_F32BF16BF16F32_TN>;
+  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kNWarps>, _1, _1>>,
+                            Tile<Int<16 * kNWarps>, _16, _16>>;
+
+  // Shared memory rows of 64 elements (128 B) with a 3-bit XOR swizzle of 16-byte chunks:
+  // the 8 rows an ldmatrix phase reads land in 8 different bank groups. d96 does not tile
+  // by 64, so it uses 32-element rows with a 2-bit swizzle.
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
+  using SmemLayoutAtom = decltype(composition(
+      Swizzle<kSwizzleBits, 3, 3>{},
+      Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V read as the B operand of O += P V needs (head dim, key) order: the same bytes viewed
+  // transposed, loaded with ldmatrix.trans.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // 2 accumulator cols
+
+  // Global <-> shared: 16-byte vectors, kBlockKSmem/8 threads per row so a warp reads whole
+  // 128-byte lines. cp.async.cg bypasses L1 (K/V are streamed once per CTA).
+  static constexpr int kElemsPerVec = 16 / sizeof(Element);
+  static constexpr int kThreadsPerRow = kBlockKSmem / kElemsPerVec;
+  using GmemThreadLayout = Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
+                                  Stride<Int<kThreadsPerRow>, _1>>;
+  using GmemTiledCopyQKV = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      Layout<Shape<_1, Int<kElemsPerVec>>>{}));
+  using GmemTiledCopyO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      Layout<Shape<_1, Int<kElemsPerVec>>>{}));
+
+  static constexpr int kSmemBytes = sm80_fwd_smem_bytes(kTile, int(sizeof(Element)));
+  static_assert(kBlockM % (kNThreads / kThreadsPerRow) == 0);
+  static_assert(kBlockN % (kNThreads / kThreadsPerRow) == 0);
+};
+
+}  // namespace flashcpp::detail::cuda::sm80
