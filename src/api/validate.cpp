@@ -52,11 +52,12 @@ void check_same_device(const TensorView& t, const char* name, const TensorView& 
     fail(name, " is on ", device_name(t.device), " but q is on ", device_name(q.device));
 }
 
+// "k: expected batch size 2 (same as q) in dimension 0, got 3 (shape [3, 17, 1, 64])"
 void check_dim(const TensorView& t, const char* name, int dim, std::int64_t expected,
-               const char* what) {
+               const char* what, const char* same_as) {
   if (t.shape[dim] != expected)
-    fail(name, ": expected ", what, " ", expected, " (dimension ", dim, "), got ", t.shape[dim],
-         " in shape ", t.shape_string());
+    fail(name, ": expected ", what, " ", expected, " (same as ", same_as, ") in dimension ", dim,
+         ", got ", t.shape[dim], " (shape ", t.shape_string(), ")");
 }
 
 void check_head_dim(std::int64_t dim, const char* name) {
@@ -65,15 +66,21 @@ void check_head_dim(std::int64_t dim, const char* name) {
          " up to ", kMaxHeadDim, ")");
 }
 
+// CUDA rules (16-byte alignment, fp16/bf16 only) apply to CUDA tensors whatever backend was
+// requested: `automatic` on a CUDA tensor must not slip through with CPU rules.
+bool cuda_rules(const TensorView& q, Backend backend) {
+  return q.device.type == DeviceType::cuda || is_cuda_backend(backend);
+}
+
 // Memory rules: last dimension contiguous, pointer set when non-empty, alignment.
-void check_memory(const TensorView& t, const char* name, Backend backend) {
+void check_memory(const TensorView& t, const char* name, bool cuda) {
   if (t.empty()) return;
   if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
     fail(name, ": last dimension must have stride 1, got ", t.stride[t.rank - 1]);
   if (t.data == nullptr) fail(name, ": data pointer is null");
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
   const std::size_t element = dtype_size(t.dtype);
-  if (is_cuda_backend(backend) && t.dtype != DType::int32) {
+  if (cuda && t.dtype != DType::int32) {
     if (address % kCudaAlignmentBytes != 0)
       fail(name, ": data pointer is not ", kCudaAlignmentBytes, "-byte aligned");
     const std::int64_t multiple = static_cast<std::int64_t>(kCudaAlignmentBytes / element);
@@ -87,9 +94,9 @@ void check_memory(const TensorView& t, const char* name, Backend backend) {
   }
 }
 
-void check_input_dtype(const TensorView& q, Backend backend) {
+void check_input_dtype(const TensorView& q, bool cuda) {
   if (q.dtype == DType::int32) fail("q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
-  if (is_cuda_backend(backend) && q.dtype == DType::fp32)
+  if (cuda && q.dtype == DType::fp32)
     fail("q: dtype fp32 is not supported by the cuda backend (supported: fp16, bf16)");
 }
 
@@ -169,7 +176,8 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   check_rank(t.v, "v", rank, varlen ? "[total_k, Hkv, Dv]" : "[B, Nk, Hkv, Dv]");
   check_rank(t.out, "out", rank, varlen ? "[total_q, Hq, Dv]" : "[B, Nq, Hq, Dv]");
 
-  check_input_dtype(t.q, backend);
+  const bool cuda = cuda_rules(t.q, backend);
+  check_input_dtype(t.q, cuda);
   check_same_dtype(t.k, "k", t.q);
   check_same_dtype(t.v, "v", t.q);
   check_same_dtype(t.out, "out", t.q);
@@ -188,16 +196,16 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   const std::int64_t head_dim_v = t.v.shape[d_dim];
 
   if (!varlen) {
-    check_dim(t.k, "k", 0, batch, "batch size (same as q)");
-    check_dim(t.v, "v", 0, batch, "batch size (same as q)");
+    check_dim(t.k, "k", 0, batch, "batch size", "q");
+    check_dim(t.v, "v", 0, batch, "batch size", "q");
   }
-  check_dim(t.k, "k", d_dim, head_dim, "head dim (same as q)");
-  check_dim(t.v, "v", n_dim, t.k.shape[n_dim], varlen ? "total keys (same as k)" : "keys (same as k)");
-  check_dim(t.v, "v", h_dim, heads_kv, "kv heads (same as k)");
-  if (!varlen) check_dim(t.out, "out", 0, batch, "batch size (same as q)");
-  check_dim(t.out, "out", n_dim, t.q.shape[n_dim], varlen ? "total queries (same as q)" : "queries (same as q)");
-  check_dim(t.out, "out", h_dim, heads_q, "query heads (same as q)");
-  check_dim(t.out, "out", d_dim, head_dim_v, "head dim (same as v)");
+  check_dim(t.k, "k", d_dim, head_dim, "head dim", "q");
+  check_dim(t.v, "v", n_dim, t.k.shape[n_dim], varlen ? "total keys" : "keys", "k");
+  check_dim(t.v, "v", h_dim, heads_kv, "kv heads", "k");
+  if (!varlen) check_dim(t.out, "out", 0, batch, "batch size", "q");
+  check_dim(t.out, "out", n_dim, t.q.shape[n_dim], varlen ? "total queries" : "queries", "q");
+  check_dim(t.out, "out", h_dim, heads_q, "query heads", "q");
+  check_dim(t.out, "out", d_dim, head_dim_v, "head dim", "v");
   check_head_dim(head_dim, "q");
   check_head_dim(head_dim_v, "v");
   if (heads_kv <= 0) fail("k: number of kv heads must be positive, got ", heads_kv);
@@ -210,14 +218,14 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
     check_rank(lse, "lse", varlen ? 2 : 3, varlen ? "[Hq, total_q]" : "[B, Hq, Nq]");
     if (lse.dtype != DType::fp32) fail("lse: expected dtype fp32, got ", dtype_name(lse.dtype));
     check_same_device(lse, "lse", t.q);
-    if (!varlen) check_dim(lse, "lse", 0, batch, "batch size (same as q)");
-    check_dim(lse, "lse", varlen ? 0 : 1, heads_q, "query heads (same as q)");
-    check_dim(lse, "lse", varlen ? 1 : 2, t.q.shape[n_dim], "queries (same as q)");
+    if (!varlen) check_dim(lse, "lse", 0, batch, "batch size", "q");
+    check_dim(lse, "lse", varlen ? 0 : 1, heads_q, "query heads", "q");
+    check_dim(lse, "lse", varlen ? 1 : 2, t.q.shape[n_dim], "queries", "q");
   }
   check_options(options);
   for (const auto& [view, name] : {std::pair{&t.q, "q"}, {&t.k, "k"}, {&t.v, "v"}, {&t.out, "out"}})
-    check_memory(*view, name, backend);
-  if (t.lse != nullptr) check_memory(*t.lse, "lse", Backend::cpu);  // fp32, no vector loads
+    check_memory(*view, name, cuda);
+  if (t.lse != nullptr) check_memory(*t.lse, "lse", false);  // fp32, no vector loads
 
   ForwardParams p;
   p.dtype = element_type(t.q.dtype);
@@ -290,7 +298,7 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
                {t.dk, "dk", t.forward.k, "k"},
                {t.dv, "dv", t.forward.v, "v"}};
   for (const auto& g : grads) {
-    check_rank(g.grad, g.name, rank, "(same as its forward tensor)");
+    check_rank(g.grad, g.name, rank, (std::string("(same as ") + g.like_name + ")").c_str());
     check_same_dtype(g.grad, g.name, t.forward.q);
     check_same_device(g.grad, g.name, t.forward.q);
     for (int d = 0; d < rank; ++d) {
@@ -298,7 +306,7 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
         fail(g.name, ": expected shape ", g.like.shape_string(), " (same as ", g.like_name,
              "), got ", g.grad.shape_string());
     }
-    check_memory(g.grad, g.name, backend);
+    check_memory(g.grad, g.name, cuda_rules(t.forward.q, backend));
   }
   p.dout = t.dout.data;
   p.dq = t.dq.data;
