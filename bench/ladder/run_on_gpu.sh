@@ -38,9 +38,9 @@ PYTHONUNBUFFERED=1 python3 bench/ladder/ladder_compare.py --ladder-bin "$bin" --
   2>&1 | tee "$out/compare.log"
 
 # Sanitizers on the small test shapes (memcheck for out-of-bounds, racecheck for shared memory).
-timeout 120 compute-sanitizer --tool memcheck --print-limit 5 build/ladder_tests > "$out/sanitize.log" 2>&1
+timeout 45 compute-sanitizer --tool memcheck --print-limit 5 build/ladder_tests > "$out/sanitize.log" 2>&1
 echo "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$out/sanitize.log" | tail -1)"
-timeout 120 compute-sanitizer --tool racecheck --print-limit 5 build/ladder_tests \
+timeout 45 compute-sanitizer --tool racecheck --print-limit 5 build/ladder_tests \
   --gtest_filter='LadderMatmul.Tiled*:LadderSoftmax.*:LadderAttention.Scalar*' >> "$out/sanitize.log" 2>&1
 echo "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/sanitize.log" | tail -1)"
 tail -25 "$out/compare.log"
