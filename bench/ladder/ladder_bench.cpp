@@ -342,6 +342,7 @@ int main(int argc, char** argv) {
     bench_softmax(8192, 8192, report, opt);
     bench_matmul(4096, report, opt);
     bench_attention({4, 16, 2048, 64, false}, report, opt);
+    bench_attention({4, 16, 2048, 64, true}, report, opt);  // what skipping masked tiles buys
     if (!opt.csv.empty()) {
       report.write_csv(opt.csv, prop.name);
       std::printf("\nwrote %s\n", opt.csv.c_str());

@@ -83,6 +83,9 @@ def time_peers(reps: int) -> dict[str, dict]:
                    for _ in range(3))
         ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v), reps)
         add(problem, label, ms, "TFLOP/s", attention_flops() / ms / 1e9)
+        if dtype == torch.float32:
+            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps)
+            add(problem + " causal", label, ms, "TFLOP/s", attention_flops(causal=True) / ms / 1e9)
 
     try:
         import flashcpp  # the production forward, if the Python package is built and importable
