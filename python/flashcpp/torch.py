@@ -1,0 +1,271 @@
+"""PyTorch integration: flashcpp as torch.library custom ops.
+
+    import flashcpp.torch as fa
+    out = fa.attention(q, k, v, causal=True)        # [B, N, H, D], autograd-aware
+    out = fa.sdpa(q, k, v, is_causal=True)          # F.scaled_dot_product_attention's [B, H, N, D]
+
+The ops (torch.ops.flashcpp.attention_fwd / attention_bwd and their varlen twins) have fake
+(meta) implementations and an autograd formula, so torch.compile(fullgraph=True) traces through
+them without a graph break, and they allocate only through torch.empty on the caller's current
+stream: CUDA graphs capture them. Where a kernel is missing (e.g. a GPU backward not built
+yet), the C++ error surfaces as flashcpp.Error (a ValueError) naming it.
+
+Gradients flow to q, k and v; the returned lse is not differentiable.
+"""
+
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+from ._api import Error, _record, options_kwargs
+
+__all__ = ["attention", "attention_varlen", "sdpa"]
+
+
+# ---- helpers shared by the real and the fake implementations -------------------------------
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    # flashcpp takes any strides but the last; a copy is made only when that one is not 1.
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _check_rank(t: Tensor, name: str, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise Error(f"{name}: expected {rank} dimensions {layout}, got {t.dim()}")
+
+
+def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    if varlen:
+        _check_rank(q, "q", 3, "[total_q, Hq, D]")
+        _check_rank(v, "v", 3, "[total_k, Hkv, Dv]")
+        total, heads = q.shape[0], q.shape[1]
+        out = q.new_empty((total, heads, v.shape[-1]))
+        lse = q.new_empty((heads, total), dtype=torch.float32)
+    else:
+        _check_rank(q, "q", 4, "[B, Nq, Hq, D]")
+        _check_rank(v, "v", 4, "[B, Nk, Hkv, Dv]")
+        batch, rows, heads = q.shape[0], q.shape[1], q.shape[2]
+        out = q.new_empty((batch, rows, heads, v.shape[-1]))
+        lse = q.new_empty((batch, heads, rows), dtype=torch.float32)
+    return out, lse
+
+
+def _export(t: Optional[Tensor]) -> Optional[Tensor]:
+    # DLPack refuses tensors that require grad; the ops only read them.
+    return t.detach() if t is not None and t.requires_grad else t
+
+
+def _device_guard(t: Tensor):
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def _options(causal, softmax_scale, window_left, window_right, softcap, backend,
+             deterministic=False) -> dict:
+    return dict(causal=causal, softmax_scale=softmax_scale, window_left=window_left,
+                window_right=window_right, softcap=softcap, backend=backend, num_splits=0,
+                deterministic=deterministic)
+
+
+def _launch(native, workspace_query, q, k, v, *tensors, options, **varlen):
+    """Runs a native entry point on the caller's current stream with a torch-owned workspace."""
+    with _device_guard(q):
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        workspace = None
+        if q.is_cuda:
+            nbytes = workspace_query(q, k, v, **options)
+            if nbytes:
+                workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        _record(native(*tensors, **varlen, **options, stream=stream, workspace=workspace))
+
+
+# ---- forward ops --------------------------------------------------------------------------
+@torch.library.custom_op("flashcpp::attention_fwd", mutates_args=())
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                   softmax_scale: Optional[float], window_left: int, window_right: int,
+                   softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+    q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
+    out, lse = _forward_outputs(q, v, varlen=False)
+    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend)
+    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, options=options)
+    return out, lse
+
+
+@_attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
+                        backend):
+    return _forward_outputs(_last_dim_contiguous(q), v, varlen=False)
+
+
+@torch.library.custom_op("flashcpp::attention_varlen_fwd", mutates_args=())
+def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                          causal: bool, softmax_scale: Optional[float], window_left: int,
+                          window_right: int, softcap: float,
+                          backend: str) -> Tuple[Tensor, Tensor]:
+    q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
+    out, lse = _forward_outputs(q, v, varlen=True)
+    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend)
+    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, cu_seqlens_q,
+            cu_seqlens_k, options=options, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return out, lse
+
+
+@_attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal, softmax_scale, window_left, window_right, softcap,
+                               backend):
+    return _forward_outputs(_last_dim_contiguous(q), v, varlen=True)
+
+
+# ---- backward ops -------------------------------------------------------------------------
+def _grad_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    # empty_like keeps the (dense) layout of each input, so gradients match their tensors.
+    return tuple(torch.empty_like(_last_dim_contiguous(t)) for t in (q, k, v))
+
+
+@torch.library.custom_op("flashcpp::attention_bwd", mutates_args=())
+def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   causal: bool, softmax_scale: Optional[float], window_left: int,
+                   window_right: int, softcap: float, backend: str,
+                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
+    dq, dk, dv = _grad_outputs(q, k, v)
+    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend,
+                       deterministic)
+    _launch(_C.backward, _C.backward_workspace_size, q, k, v, dout, q, k, v, out, _export(lse),
+            dq, dk, dv, options=options)
+    return dq, dk, dv
+
+
+@_attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left,
+                        window_right, softcap, backend, deterministic):
+    return _grad_outputs(q, k, v)
+
+
+@torch.library.custom_op("flashcpp::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                          softmax_scale: Optional[float], window_left: int, window_right: int,
+                          softcap: float, backend: str,
+                          deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
+    dq, dk, dv = _grad_outputs(q, k, v)
+    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend,
+                       deterministic)
+    _launch(_C.backward, _C.backward_workspace_size, q, k, v, dout, q, k, v, out, _export(lse),
+            dq, dk, dv, cu_seqlens_q, cu_seqlens_k, options=options, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k)
+    return dq, dk, dv
+
+
+@_attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
+                               window_right, softcap, backend, deterministic):
+    return _grad_outputs(q, k, v)
+
+
+# ---- autograd -----------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    varlen = len(inputs) == 13  # varlen inputs carry cu_seqlens_q/k and max_seqlen_q/k
+    ctx.save_for_backward(q, k, v, out, lse, *(inputs[3:5] if varlen else ()))
+    ctx.rest = inputs[3:]
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors[:5]
+    if dout is None:
+        dout = torch.zeros_like(out)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if len(ctx.rest) == 6:  # (causal, scale, window_left, window_right, softcap, backend)
+        grads = torch.ops.flashcpp.attention_bwd(dout, q, k, v, out, lse, *ctx.rest,
+                                                 deterministic)
+    else:  # varlen: (cu_q, cu_k, max_q, max_k, causal, ...): cu_seqlens come from saved_tensors
+        cu_q, cu_k = ctx.saved_tensors[5:7]
+        grads = torch.ops.flashcpp.attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                        *ctx.rest[2:], deterministic)
+    return (*grads,) + (None,) * len(ctx.rest)
+
+
+torch.library.register_autograd("flashcpp::attention_fwd", _backward,
+                                setup_context=_setup_context)
+torch.library.register_autograd("flashcpp::attention_varlen_fwd", _backward,
+                                setup_context=_setup_context)
+
+
+# ---- public functions ---------------------------------------------------------------------
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+              softcap: float = 0.0, return_lse: bool = False, backend: str = "auto"):
+    """flashcpp.attention for torch tensors, differentiable and torch.compile-able.
+
+    q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]; causal is bottom-right aligned.
+    Returns out [B, Nq, Hq, Dv] (and lse [B, Hq, Nq] float32 when return_lse).
+    """
+    o = options_kwargs(causal, softmax_scale, window, softcap, backend)
+    out, lse = torch.ops.flashcpp.attention_fwd(q, k, v, o["causal"], o["softmax_scale"],
+                                                o["window_left"], o["window_right"],
+                                                o["softcap"], o["backend"])
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, softmax_scale: Optional[float] = None,
+                     window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     return_lse: bool = False, backend: str = "auto"):
+    """flashcpp.attention_varlen for torch tensors, differentiable and torch.compile-able."""
+    o = options_kwargs(causal, softmax_scale, window, softcap, backend)
+    out, lse = torch.ops.flashcpp.attention_varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), o["causal"],
+        o["softmax_scale"], o["window_left"], o["window_right"], o["softcap"], o["backend"])
+    return (out, lse) if return_lse else out
+
+
+def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+         dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+         enable_gqa: bool = False) -> Tensor:
+    """A stand-in for F.scaled_dot_product_attention: [B, H, N, D] in, [B, H, N, Dv] out.
+
+    The BHND tensors are viewed as BNHD (transposes, no copies). Differences, by choice:
+    - attn_mask must be None and dropout_p 0 (ValueError otherwise);
+    - is_causal with Nq != Nk raises ValueError: PyTorch's is_causal is top-left aligned there
+      while flashcpp's causal is bottom-right aligned (as FlashAttention >= 2.1); call
+      flashcpp.torch.attention(..., causal=True) for the bottom-right mask.
+    Rank 3 inputs [H, N, D] are accepted too.
+    """
+    if attn_mask is not None:
+        raise ValueError("flashcpp.torch.sdpa: attn_mask is not supported (only is_causal); "
+                         "use F.scaled_dot_product_attention for arbitrary masks")
+    if dropout_p != 0.0:
+        raise ValueError(f"flashcpp.torch.sdpa: dropout_p must be 0 (got {dropout_p}); "
+                         "flashcpp has no attention dropout")
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ValueError("flashcpp.torch.sdpa: expected query, key and value of rank 4 "
+                         f"[B, H, N, D] (or 3), got {query.dim()}, {key.dim()}, {value.dim()}")
+    heads_q, heads_kv = query.shape[-3], key.shape[-3]
+    if heads_q != heads_kv and not enable_gqa:
+        raise ValueError(f"flashcpp.torch.sdpa: query has {heads_q} heads but key has "
+                         f"{heads_kv}; pass enable_gqa=True for grouped-query attention")
+    if is_causal and query.shape[-2] != key.shape[-2]:
+        raise ValueError(
+            f"flashcpp.torch.sdpa: is_causal with Nq ({query.shape[-2]}) != Nk "
+            f"({key.shape[-2]}) is top-left aligned in PyTorch but bottom-right aligned in "
+            "flashcpp; use flashcpp.torch.attention(q, k, v, causal=True) (BNHD layout, "
+            "bottom-right) if that is what you mean")
+    squeeze = query.dim() == 3
+    if squeeze:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                    causal=is_causal, softmax_scale=scale)
+    out = out.transpose(1, 2)
+    return out.squeeze(0) if squeeze else out

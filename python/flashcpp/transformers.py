@@ -1,0 +1,119 @@
+"""Hugging Face transformers integration: attn_implementation="flashcpp".
+
+    import flashcpp.transformers                        # registers "flashcpp"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="flashcpp")
+
+Importing this module registers flashcpp_attention_forward with transformers'
+AttentionInterface, and a mask function with AttentionMaskInterface that hands the attention
+function None when there is no padding (as for FlashAttention-2), so causal models run
+with flashcpp's bottom-right causal mask (which is also what decoding with a KV cache needs).
+
+transformers treats any implementation name containing "flash" as a FlashAttention kernel to
+fetch; registering "flashcpp" therefore also tells transformers' loader to skip that name.
+
+Supported: causal and bidirectional attention (module.is_causal or the is_causal keyword),
+GQA/MQA (fewer key/value heads), `scaling`, `sliding_window`, `softcap`, packed sequences
+(cu_seq_lens_q/k with batch size 1). Not supported, with a
+ValueError: padding masks (a 2-D attention_mask with zeros; static caches, whose unused slots
+are masked), attention dropout, attention sinks (s_aux). Under torch.compile, call the model with
+attention_mask=None: checking a given mask for padding reads it on the host.
+"""
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+
+from . import torch as flashcpp_torch
+
+__all__ = ["flashcpp_attention_forward", "flashcpp_mask", "register", "NAME"]
+
+NAME = "flashcpp"
+
+
+def flashcpp_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                  attention_mask=None, **kwargs):
+    """transformers mask function for "flashcpp": None unless there is real padding.
+
+    attention_mask is the user's 2-D [B, kv] padding mask (or None). When every key is kept,
+    the causal/sliding structure is expressed through is_causal and sliding_window instead.
+    """
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[:, -kv_length:]
+    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+def flashcpp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, attention_mask, scaling=None, dropout=0.0,
+                               sliding_window=None, softcap=None, is_causal=None, s_aux=None,
+                               **kwargs):
+    """transformers attention function: query [B, Hq, N, D], key/value [B, Hkv, Nk, D] in,
+    (attn_output [B, N, Hq, D], None) out."""
+    if attention_mask is not None:
+        raise ValueError(
+            "flashcpp attention: padding masks are not supported (the attention_mask has masked "
+            "positions, or a static cache was used); pass attention_mask=None or all ones, or "
+            "use attn_implementation='sdpa'")
+    if dropout:
+        raise ValueError(f"flashcpp attention: attention dropout is not supported (got {dropout}); "
+                         "set config.attention_dropout=0 or call model.eval()")
+    if s_aux is not None:
+        raise ValueError("flashcpp attention: attention sinks (s_aux) are not supported")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    window = (-1, -1)
+    if sliding_window is not None and sliding_window > 0:
+        # The same window as transformers' FlashAttention-2 path: sliding_window - 1 keys back
+        # (and forward, when bidirectional), around the bottom-right diagonal.
+        window = (sliding_window - 1, -1 if is_causal else sliding_window - 1)
+    options = dict(causal=bool(is_causal), softmax_scale=scaling, window=window,
+                   softcap=float(softcap) if softcap else 0.0)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        # Packed sequences (padding-free training): one row of B = 1 holds them all.
+        if q.shape[0] != 1:
+            raise ValueError("flashcpp attention: cu_seq_lens_q/k need batch size 1 (packed), "
+                             f"got {q.shape[0]}")
+        out = flashcpp_torch.attention_varlen(
+            q[0], k[0], v[0], cu_q.to(torch.int32), cu_k.to(torch.int32),
+            int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **options)
+        return out.unsqueeze(0), None
+    return flashcpp_torch.attention(q, k, v, **options), None
+
+
+def _skip_flash_attention_loader(names) -> None:
+    """transformers (5.x) treats every attn_implementation whose name contains "flash" as a
+    FlashAttention kernel to load at model construction; ours is already registered and loads
+    nothing, so the loader is told to pass over these names (other names are untouched)."""
+    try:
+        import transformers.modeling_utils as modeling_utils
+    except ImportError:
+        return
+    original = getattr(modeling_utils, "lazy_import_flash_attention", None)
+    if original is None:
+        return
+    skipped = getattr(original, "_flashcpp_names", None)
+    if skipped is not None:
+        skipped.update(names)
+        return
+
+    def lazy_import_flash_attention(implementation, *args, **kwargs):
+        if implementation in lazy_import_flash_attention._flashcpp_names:
+            return (None, None, None, None, None), None
+        return original(implementation, *args, **kwargs)
+
+    lazy_import_flash_attention._flashcpp_names = set(names)
+    modeling_utils.lazy_import_flash_attention = lazy_import_flash_attention
+
+
+def register(name: str = NAME) -> None:
+    """Registers the attention and mask functions under `name` (done on import for "flashcpp")."""
+    AttentionInterface.register(name, flashcpp_attention_forward)
+    AttentionMaskInterface.register(name, flashcpp_mask)
+    if "flash" in name:
+        _skip_flash_attention_loader({name, f"paged|{name}"})
+
+
+register()
