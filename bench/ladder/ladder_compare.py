@@ -104,8 +104,8 @@ def time_peers(reps: int) -> dict[str, dict]:
 def cpu_backend_row(cpu_bench: str | None, out: Path) -> dict | None:
     """Hook: the CPU backend on the same attention case, through the C++ CLI flashcpp-bench.
 
-    Its output format belongs to flashcpp-bench; we keep the raw output and take the first
-    time in milliseconds we can find (a 'time_ms' CSV column or a number followed by 'ms').
+    Its output format belongs to flashcpp-bench; we keep the raw output and take its median
+    time (a 'time_ms' CSV column, "median X ms", or else the first number followed by 'ms').
     """
     if not cpu_bench:
         return None
@@ -124,8 +124,9 @@ def cpu_backend_row(cpu_bench: str | None, out: Path) -> dict | None:
         if "time_ms" in line.split(",") and i + 1 < len(lines):
             ms = float(lines[i + 1].split(",")[line.split(",").index("time_ms")])
             break
-    if ms is None:
-        m = re.search(r"([0-9]+(?:\.[0-9]+)?)\s*ms\b", res.stdout)
+    if ms is None:  # flashcpp-bench prints "time        median 12.345 ms over ..."
+        m = (re.search(r"median\s+([0-9]+(?:\.[0-9]+)?)\s*ms\b", res.stdout)
+             or re.search(r"([0-9]+(?:\.[0-9]+)?)\s*ms\b", res.stdout))
         ms = float(m.group(1)) if m else None
     if res.returncode != 0 or ms is None:
         print(f"note: CPU backend output not understood (rc {res.returncode}); kept raw output")
