@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the flashcpp Python package (CPU backend only) into a virtual environment and runs the
+# pytest suite in tests/python. Safe to repeat: the venv is reused, pip skips what is installed,
+# and the CMake build folder (build/pip-<tag>) plus ccache make rebuilds incremental.
+#   FLASHCPP_VENV=/path   use another venv (default: <repo>/.venv)
+#   extra arguments       passed to pytest (e.g. -k torch -x)
+# Exit status: pytest's (non-zero on any failure); 0 when every test passed or was skipped.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${FLASHCPP_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+
+# Pinned test and build dependencies (PyPI, Python 3.11). nanobind 3.1 is also what the GPU
+# machine has; torch/transformers are optional (their tests skip when they are missing).
+pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6)
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "python_tests: creating $venv"
+  "$python" -m venv "$venv"
+fi
+py="$venv/bin/python"
+if ! "$py" - "${pins[@]}" <<'PY' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, wanted = pin.split("==")
+    assert version(name) == wanted, pin
+PY
+then
+  echo "python_tests: installing ${pins[*]}"
+  "$py" -m pip install -q --disable-pip-version-check "${pins[@]}"
+fi
+
+# CPU-only build (pyproject.toml defaults FLASHCPP_CUDA to OFF), at most 2 parallel jobs.
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+echo "python_tests: pip install . (CPU backend)"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! (cd "$root" && "$py" -m pip install --disable-pip-version-check --no-build-isolation \
+        --no-deps -v .) >"$log" 2>&1; then
+  tail -n 60 "$log"
+  echo "python_tests: building the package failed" >&2
+  exit 1
+fi
+
+# Run from outside the source tree so `import flashcpp` finds the installed package, not
+# python/flashcpp (which has no compiled module).
+cd "$root/tests/python"
+set +e
+"$py" -m pytest -q -rs -p no:cacheprovider "$@" .
+status=$?
+set -e
+exit $status
