@@ -48,8 +48,11 @@ void check_grad(const char* name, DType dtype, const HostTensor& got, const Host
   const std::vector<double> r = ref.values();
   const ErrorStats s = compare(x, r);
   SCOPED_TRACE(std::string(name) + ": " + describe(s));
+  report(name, s, bound.rel_l2);
   EXPECT_EQ(s.non_finite, 0);
-  if (s.ref_max >= 0.1) EXPECT_LE(s.rel_l2, bound.rel_l2);
+  if (s.ref_max >= 0.1) {
+    EXPECT_LE(s.rel_l2, bound.rel_l2);
+  }
   const double fp32_term = bound.fp32 * std::max(s.ref_max, 0.1);
   int reported = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {

@@ -548,5 +548,18 @@ TEST(Errors, BackwardNeedsLse) {
                           "(shape [2, 7, 2, 64])");
 }
 
+// ---- with a GPU ----------------------------------------------------------------------------------
+
+// CUDA views are valid input for select_backend; with a GPU it names a CUDA backend.
+TEST(CudaDispatch, SelectBackendNamesCudaKernels) {
+  if (!has_cuda()) GTEST_SKIP() << "no usable GPU (or flashcpp built without CUDA)";
+  Call c(DType::bf16);
+  c.on_cuda();
+  Call::reshape(c.q, {kB, kNq, kHq, 128});
+  c.q.device = Device::cuda(0);
+  const Backend b = select_backend(c.q);
+  EXPECT_TRUE(b == Backend::cuda_sm80 || b == Backend::cuda_sm90) << backend_name(b);
+}
+
 }  // namespace
 }  // namespace flashcpp::test

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -266,6 +268,16 @@ inline ErrorStats compare(const std::vector<double>& x, const std::vector<double
   }
   s.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
   return s;
+}
+
+// FLASHCPP_TEST_VERBOSE=1 prints every comparison's errors (to see the bounds' headroom).
+inline void report(const std::string& what, const ErrorStats& s, double allowed_rel_l2) {
+  static const bool verbose = std::getenv("FLASHCPP_TEST_VERBOSE") != nullptr;
+  if (!verbose) return;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::printf("[errors] %s %s max_abs=%.3g ref_max=%.3g rel_l2=%.3g (bound %.3g)\n",
+              info ? info->name() : "", what.c_str(), s.max_abs, s.ref_max, s.rel_l2,
+              allowed_rel_l2);
 }
 
 inline std::string describe(const ErrorStats& s) {
