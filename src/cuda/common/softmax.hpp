@@ -9,6 +9,15 @@
 
 namespace flashcpp::detail::cuda {
 
+// exp2 on the MUFU unit (ex2.approx.ftz): exp2f without fast-math adds denormal handling
+// around it; the inputs here are <= 0 and results below 2^-126 do not matter next to the 1 of
+// the row maximum.
+__forceinline__ __device__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];
@@ -38,7 +47,7 @@ struct OnlineSoftmax {
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       if (!kFirst && m != row_max[r]) {
         // exp2(-inf) = 0 when the previous max was -inf: O and l are still 0 then.
-        const float rescale = exp2f(row_max[r] * scale_log2 - m_scaled);
+        const float rescale = fast_exp2(row_max[r] * scale_log2 - m_scaled);
         row_sum[r] *= rescale;
 #pragma unroll
         for (int c = 0; c < size<1>(o); ++c) o(r, c) *= rescale;
@@ -47,7 +56,7 @@ struct OnlineSoftmax {
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < size<1>(s); ++c) {
-        const float p = exp2f(s(r, c) * scale_log2 - m_scaled);
+        const float p = fast_exp2(s(r, c) * scale_log2 - m_scaled);
         s(r, c) = p;
         sum += p;
       }
