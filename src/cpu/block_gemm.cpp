@@ -1,5 +1,6 @@
 #include "cpu/block_gemm.hpp"
 
+#include <algorithm>
 #include <climits>
 
 #ifdef FLASHCPP_WITH_CBLAS
@@ -16,7 +17,9 @@ namespace {
 void gemm_loops(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                 std::int64_t ldc) {
-  const auto a_at = [&](int i, int p) { return op_a == Op::none ? a[i * lda + p] : a[p * lda + i]; };
+  const auto a_at = [&](int i, int p) {
+    return op_a == Op::none ? a[i * lda + p] : a[p * lda + i];
+  };
   for (int i = 0; i < m; ++i) {
     float* c_row = c + i * ldc;
     for (int j = 0; j < n; ++j) c_row[j] = beta == 0.0f ? 0.0f : beta * c_row[j];
@@ -43,13 +46,19 @@ void gemm_loops(Op op_a, Op op_b, int m, int n, int k, float alpha, const float*
 void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                 std::int64_t ldc) {
-  if (lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX) {  // beyond the BLAS int interface
+  // BLAS wants ints and leading dimensions of at least the row length; strided views can break
+  // either (a one-row tensor may have any row stride, a broadcast one stride 0).
+  const auto fits = [](std::int64_t ld, int row_length) {
+    return ld >= std::max(row_length, 1) && ld <= INT_MAX;
+  };
+  if (!fits(lda, op_a == Op::none ? k : m) || !fits(ldb, op_b == Op::none ? n : k) ||
+      !fits(ldc, n)) {
     gemm_loops(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const auto trans = [](Op op) { return op == Op::none ? CblasNoTrans : CblasTrans; };
-  cblas_sgemm(CblasRowMajor, trans(op_a), trans(op_b), m, n, k, alpha, a, static_cast<int>(lda),
-              b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, trans(op_a), trans(op_b), m, n, k, alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 // Process-wide and set once: OpenBLAS keeps one thread count, and restoring it after each call

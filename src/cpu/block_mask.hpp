@@ -57,7 +57,10 @@ class BlockMask {
     std::int64_t lo = 0, hi = nq_;
     while (lo < hi) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      if (holds(mid)) hi = mid; else lo = mid + 1;
+      if (holds(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     return lo;
   }

@@ -9,9 +9,12 @@ namespace flashcpp::detail::cpu {
 
 inline float load_element(const void* base, ElementType type, std::int64_t index) {
   switch (type) {
-    case ElementType::fp16: return fp16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case ElementType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case ElementType::fp32: break;
+    case ElementType::fp16:
+      return fp16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+    case ElementType::bf16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+    case ElementType::fp32:
+      break;
   }
   return static_cast<const float*>(base)[index];
 }
@@ -24,7 +27,8 @@ inline void store_element(void* base, ElementType type, std::int64_t index, floa
     case ElementType::bf16:
       static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
       return;
-    case ElementType::fp32: break;
+    case ElementType::fp32:
+      break;
   }
   static_cast<float*>(base)[index] = value;
 }
@@ -33,8 +37,7 @@ inline void load_row(const void* base, ElementType type, std::int64_t offset, in
   for (int i = 0; i < n; ++i) dst[i] = load_element(base, type, offset + i);
 }
 
-inline void store_row(void* base, ElementType type, std::int64_t offset, const float* src,
-                      int n) {
+inline void store_row(void* base, ElementType type, std::int64_t offset, const float* src, int n) {
   for (int i = 0; i < n; ++i) store_element(base, type, offset + i, src[i]);
 }
 

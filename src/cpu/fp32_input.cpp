@@ -4,8 +4,8 @@
 
 namespace flashcpp::detail::cpu {
 
-Fp32Input::Fp32Input(const void* data, ElementType type, const Strides& stride,
-                     std::int64_t batch, std::int64_t rows, int heads, int dim)
+Fp32Input::Fp32Input(const void* data, ElementType type, const Strides& stride, std::int64_t batch,
+                     std::int64_t rows, int heads, int dim)
     : data_(static_cast<const float*>(data)), stride_(stride) {
   if (type == ElementType::fp32) return;
   // Dense [batch, rows, heads, dim]; a packed (varlen) tensor keeps batch stride 0.

@@ -21,6 +21,7 @@ class Fp32Input {
   Fp32Input& operator=(const Fp32Input&) = delete;
   Fp32Input(Fp32Input&&) = default;
 
+  // Row `row` of a sequence in a tensor laid out like q (q, out, dout) or like k (k, v).
   const float* q_row(const Sequence& seq, std::int64_t row, int head) const {
     return data_ + q_offset(stride_, seq, row, head);
   }
@@ -37,14 +38,12 @@ class Fp32Input {
 
 // The views of q-like ([.., Nq, Hq, ..]) and k-like ([.., Nk, Hkv, ..]) tensors of a call.
 inline Fp32Input q_input(const ForwardParams& p, const void* data, const Strides& stride, int dim) {
-  const bool varlen = p.is_varlen();
-  return {data,  p.dtype, stride, varlen ? 1 : p.batch, varlen ? total_rows_q(p) : p.seqlen_q,
-          p.heads_q, dim};
+  if (p.is_varlen()) return {data, p.dtype, stride, 1, total_rows_q(p), p.heads_q, dim};
+  return {data, p.dtype, stride, p.batch, p.seqlen_q, p.heads_q, dim};
 }
 inline Fp32Input k_input(const ForwardParams& p, const void* data, const Strides& stride, int dim) {
-  const bool varlen = p.is_varlen();
-  return {data,  p.dtype, stride, varlen ? 1 : p.batch, varlen ? total_rows_k(p) : p.seqlen_k,
-          p.heads_kv, dim};
+  if (p.is_varlen()) return {data, p.dtype, stride, 1, total_rows_k(p), p.heads_kv, dim};
+  return {data, p.dtype, stride, p.batch, p.seqlen_k, p.heads_kv, dim};
 }
 
 }  // namespace flashcpp::detail::cpu

@@ -21,7 +21,8 @@ std::vector<double> load_rows(const void* base, ElementType type, const Strides&
                               std::int64_t first, std::int64_t rows, int head, int dim) {
   std::vector<double> out(static_cast<std::size_t>(rows * dim));
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t offset = batch * stride.batch + (first + r) * stride.row + head * stride.head;
+    const std::int64_t offset =
+        batch * stride.batch + (first + r) * stride.row + head * stride.head;
     for (int d = 0; d < dim; ++d) out[r * dim + d] = load_element(base, type, offset + d);
   }
   return out;
@@ -30,7 +31,8 @@ std::vector<double> load_rows(const void* base, ElementType type, const Strides&
 void store_rows(void* base, ElementType type, const Strides& stride, int batch, std::int64_t first,
                 std::int64_t rows, int head, int dim, const std::vector<double>& values) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t offset = batch * stride.batch + (first + r) * stride.row + head * stride.head;
+    const std::int64_t offset =
+        batch * stride.batch + (first + r) * stride.row + head * stride.head;
     for (int d = 0; d < dim; ++d)
       store_element(base, type, offset + d, static_cast<float>(values[r * dim + d]));
   }
@@ -45,8 +47,9 @@ double dot(const double* a, const double* b, int n) {
 // The score matrix [nq, nk]: s = scale * q.k, softcapped, -inf where the key is not visible.
 // With a softcap, `tanh_out` receives tanh(scale * q.k / c), from which backward gets the
 // derivative ds/d(scale * q.k) = 1 - tanh^2.
-std::vector<double> scores(const ForwardParams& p, const Sequence& seq, const std::vector<double>& q,
-                           const std::vector<double>& k, std::vector<double>* tanh_out) {
+std::vector<double> scores(const ForwardParams& p, const Sequence& seq,
+                           const std::vector<double>& q, const std::vector<double>& k,
+                           std::vector<double>* tanh_out) {
   const std::int64_t nq = seq.nq, nk = seq.nk;
   std::vector<double> s(static_cast<std::size_t>(nq * nk), -kInf);
   if (tanh_out) tanh_out->assign(s.size(), 0.0);
@@ -70,13 +73,14 @@ void forward_head(const ForwardParams& p, const Sequence& seq, int head) {
   const int dv = p.head_dim_v;
   const std::int64_t nq = seq.nq, nk = seq.nk;
   const auto q = load_rows(p.q, p.dtype, p.q_stride, seq.batch, seq.q_begin, nq, head, p.head_dim);
-  const auto k = load_rows(p.k, p.dtype, p.k_stride, seq.batch, seq.k_begin, nk, kv_head, p.head_dim);
+  const auto k =
+      load_rows(p.k, p.dtype, p.k_stride, seq.batch, seq.k_begin, nk, kv_head, p.head_dim);
   const auto v = load_rows(p.v, p.dtype, p.v_stride, seq.batch, seq.k_begin, nk, kv_head, dv);
   const auto s = scores(p, seq, q, k, nullptr);
 
   std::vector<double> out(static_cast<std::size_t>(nq * dv), 0.0);
   for (std::int64_t i = 0; i < nq; ++i) {
-    const double* row = &s[i * nk];
+    const double* row = s.data() + i * nk;  // nk may be 0
     double max = -kInf;
     for (std::int64_t j = 0; j < nk; ++j) max = std::max(max, row[j]);
     double lse = -kInf;
@@ -107,7 +111,8 @@ void backward_kv_head(const BackwardParams& p, const Sequence& seq, int kv_head)
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     const auto q = load_rows(p.q, p.dtype, p.q_stride, seq.batch, seq.q_begin, nq, head, d);
     const auto o = load_rows(p.out, p.dtype, p.out_stride, seq.batch, seq.q_begin, nq, head, dv);
-    const auto dout = load_rows(p.dout, p.dtype, p.dout_stride, seq.batch, seq.q_begin, nq, head, dv);
+    const auto dout =
+        load_rows(p.dout, p.dtype, p.dout_stride, seq.batch, seq.q_begin, nq, head, dv);
     std::vector<double> tanh_values;
     const auto s = scores(p, seq, q, k, &tanh_values);
     std::vector<double> dq(static_cast<std::size_t>(nq * d), 0.0);

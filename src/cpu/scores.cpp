@@ -7,8 +7,8 @@
 namespace flashcpp::detail::cpu {
 
 void block_scores(const float* q, std::int64_t ldq, const float* k, std::int64_t ldk, int dim,
-                  const ScoreTransform& transform, const BlockMask& mask, std::int64_t r0,
-                  int rows, std::int64_t c0, int cols, float* s, float* tanh_out) {
+                  const ScoreTransform& transform, const BlockMask& mask, std::int64_t r0, int rows,
+                  std::int64_t c0, int cols, float* s, float* tanh_out) {
   block_gemm(Op::none, Op::transpose, rows, cols, dim, transform.alpha, q, ldq, k, ldk, 0.0f, s,
              cols);
   const std::int64_t count = std::int64_t{rows} * cols;

@@ -27,7 +27,7 @@ inline ScoreTransform score_transform(const ForwardParams& p) {
 // With a softcap, `tanh_out` (if not null) receives tanh(scale * q.k / softcap), whose
 // 1 - tanh^2 is the softcap's derivative in backward.
 void block_scores(const float* q, std::int64_t ldq, const float* k, std::int64_t ldk, int dim,
-                  const ScoreTransform& transform, const BlockMask& mask, std::int64_t r0,
-                  int rows, std::int64_t c0, int cols, float* s, float* tanh_out);
+                  const ScoreTransform& transform, const BlockMask& mask, std::int64_t r0, int rows,
+                  std::int64_t c0, int cols, float* s, float* tanh_out);
 
 }  // namespace flashcpp::detail::cpu

@@ -20,8 +20,10 @@
 namespace flashcpp::detail::cpu {
 namespace {
 
-constexpr int kBlockM = 64;   // query rows per task
-constexpr int kBlockN = 256;  // keys per score block
+// Query rows per task x keys per score block. One Sapphire Rapids core, D = 128, N = 4096:
+// 128 x 256 ran at 84 GFLOP/s; 64 x 128 at 76, 64 x 256 at 73, 128 x 512 at 77.
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 256;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 struct Inputs {
