@@ -76,10 +76,14 @@ def options_kwargs(
 
 
 def _wants_autograd(q, k, v) -> bool:
+    """PyTorch tensors that need autograd, or that torch.compile is tracing, take the custom
+    ops of flashcpp.torch (a direct native call would be a graph break)."""
     fw = framework_of(q)
     if fw.name != "torch":
         return False
     torch = fw.torch
+    if torch.compiler.is_compiling():
+        return True
     return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
 
 
@@ -128,13 +132,14 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     backend: "auto", "cpu", "cpu_reference" (float64 oracle), "cuda_sm80", "cuda_sm90".
     stream: CUDA stream (int, torch or cupy stream); default: the framework's current stream
     (torch, cupy) or the legacy default stream. out/lse_out: preallocated outputs.
-    PyTorch tensors that require grad go through flashcpp.torch (autograd, torch.compile).
+    PyTorch tensors that require grad, or under torch.compile, go through flashcpp.torch's
+    custom ops (autograd, no graph break).
     """
     kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
     if _wants_autograd(q, k, v):
         if out is not None or lse_out is not None or stream is not None:
-            raise ValueError("out=, lse_out= and stream= are not supported with autograd "
-                             "(inputs require grad)")
+            raise ValueError("out=, lse_out= and stream= are not supported with autograd or "
+                             "torch.compile (they go through flashcpp.torch's custom ops)")
         from . import torch as flashcpp_torch
 
         return flashcpp_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -157,8 +162,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
     if _wants_autograd(q, k, v):
         if out is not None or lse_out is not None or stream is not None:
-            raise ValueError("out=, lse_out= and stream= are not supported with autograd "
-                             "(inputs require grad)")
+            raise ValueError("out=, lse_out= and stream= are not supported with autograd or "
+                             "torch.compile (they go through flashcpp.torch's custom ops)")
         from . import torch as flashcpp_torch
 
         return flashcpp_torch.attention_varlen(
