@@ -17,9 +17,14 @@ using detail::ForwardParams;
 
 bool nothing_to_do(const ForwardParams& p) { return p.batch == 0 || p.seqlen_q == 0; }
 
+// With no queries but some keys, dk and dv are still outputs: they are zero, and get written.
+bool nothing_to_do_backward(const ForwardParams& p) {
+  return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
+}
+
 // Stands in for `out` where only q, k and v are known (workspace queries): q's shape with v's
 // head dim, so validation sees a consistent call.
-TensorView out_like(const TensorView& q, const TensorView& v) {
+[[maybe_unused]] TensorView out_like(const TensorView& q, const TensorView& v) {
   TensorView out = q;
   out.shape[out.rank - 1] = v.rank > 0 ? v.shape[v.rank - 1] : 0;
   return out;
@@ -53,11 +58,11 @@ RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOpti
   const Backend family = detail::check_backend(tensors.forward.q, options);
   const BackwardParams params = detail::validate_backward(tensors, options, family);
   if (family == Backend::cpu_reference) {
-    if (!nothing_to_do(params)) detail::cpu::reference_backward(params);
+    if (!nothing_to_do_backward(params)) detail::cpu::reference_backward(params);
     return {Backend::cpu_reference, "cpu_reference_f64", 1};
   }
   if (family == Backend::cpu) {
-    if (!nothing_to_do(params)) detail::cpu::tiled_backward(params);
+    if (!nothing_to_do_backward(params)) detail::cpu::tiled_backward(params);
     return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA

@@ -339,5 +339,20 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ReferenceGradient,
                                            FdCase{"causal_softcap_2", true, -1, -1, 2.0f}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+
+// No queries but some keys: dk and dv are outputs all the same, and their value is 0.
+TEST(CpuBackwardProps, NoQueriesGivesZeroKeyGradients) {
+  for (Backend backend : {Backend::cpu, Backend::cpu_reference}) {
+    Problem p = shape(0, 9, 32);
+    Tensors t(p);
+    auto rng = test_rng();
+    t.fill_inputs(rng);
+    t.poison_grads();
+    t.backward(p, backend);
+    for (std::int64_t i = 0; i < t.dk.numel(); ++i) ASSERT_EQ(t.dk.get(i), 0.0f) << backend_name(backend);
+    for (std::int64_t i = 0; i < t.dv.numel(); ++i) ASSERT_EQ(t.dv.get(i), 0.0f) << backend_name(backend);
+  }
+}
+
 }  // namespace
 }  // namespace flashcpp::test
