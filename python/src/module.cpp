@@ -214,10 +214,14 @@ AttentionOptions make_options(bool causal, std::optional<float> softmax_scale, i
   return options;
 }
 
+// Scratch memory: any writable array (the Python layer passes uint8); only its bytes count.
 flashcpp::Workspace workspace_of(nb::handle obj, Imports& keep) {
   if (obj.is_none()) return {};
-  const TensorView view = view_of(obj, "workspace", true, keep);
-  return {view.data, static_cast<std::size_t>(view.numel()) * flashcpp::dtype_size(view.dtype)};
+  nb::ndarray<> array;
+  if (!nb::try_cast(obj, array, false))
+    type_error("workspace: expected a writable array or tensor, got " + python_type_name(obj));
+  keep.writable.push_back(array);
+  return {array.data(), array.nbytes()};
 }
 
 flashcpp::Stream stream_of(std::uintptr_t stream) {
