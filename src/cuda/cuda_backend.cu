@@ -17,6 +17,7 @@
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/common/tile_table.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
+#include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda {
@@ -142,6 +143,47 @@ void check_sm80_supported(const ForwardParams& p) {
   (void)find_sm80_kernel(p);
 }
 
+// Softmax scales folded on the host (shared by every forward kernel): exp2 takes
+// s * scale_log2 - max * scale_log2; with softcap, tanh already consumed scale / softcap.
+void fold_scales(FwdKernelParams& kp) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (kp.p.softcap > 0.f) {
+    kp.softcap_in_scale = kp.p.scale / kp.p.softcap;
+    kp.lse_scale = kp.p.softcap;
+  } else {
+    kp.lse_scale = kp.p.scale;
+  }
+  kp.scale_log2 = kp.lse_scale * kLog2e;
+}
+
+bool is_sm90(const DeviceInfo& dev) { return dev.major == 9 && dev.minor == 0; }
+
+// The sm90 kernels do not split KV yet: calls the sm80 path would split go there.
+bool sm90_runs(const ForwardParams& p) {
+  if (!sm90::covers(p)) return false;
+  if (p.num_splits > 1) return false;
+  return p.num_splits == 1 || heuristic_splits(p, sm80_fwd_tile(p.head_dim)) <= 1;
+}
+
+RunInfo forward_sm90(const ForwardParams& params, Stream stream) {
+  const sm90::Kernel& kernel = *sm90::find_kernel(params);
+  FwdKernelParams kp;
+  kp.p = params;
+  kp.num_m_blocks = sm90::num_m_blocks(params, kernel);
+  fold_scales(kp);
+  int current = 0;
+  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
+  try {
+    kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream));
+  } catch (...) {
+    if (current != params.device) cudaSetDevice(current);
+    throw;
+  }
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  return {Backend::cuda_sm90, sm90::kernel_name(kernel), 1};
+}
+
 }  // namespace
 
 int device_count() {
@@ -159,22 +201,36 @@ Backend choose_forward_backend(const ForwardParams& params, Backend requested) {
     throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
                 std::to_string(dev.major) + std::to_string(dev.minor) +
                 ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
-  if (requested == Backend::cuda_sm90)
-    throw Error("cuda_sm90 backend: no sm90a forward kernel in this build yet");
+  // sm90a kernels run on explicit request, or on automatic once FLASHCPP_ENABLE_SM90=1 (until
+  // they are the tested default); what they do not cover falls back to sm80.
+  if (requested == Backend::cuda_sm90) {
+    if (!is_sm90(dev))
+      throw Error("cuda_sm90 backend: device " + std::to_string(params.device) + " (" + dev.name +
+                  ", sm_" + std::to_string(dev.major) + std::to_string(dev.minor) +
+                  ") is not sm90; the sm90a kernels need a Hopper GPU");
+    if (!sm90::any_built())
+      throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
+                  "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
+  }
+  if ((requested == Backend::cuda_sm90 ||
+       (requested == Backend::automatic && sm90::enabled_by_env())) &&
+      is_sm90(dev) && sm90_runs(params))
+    return Backend::cuda_sm90;
   // automatic on sm90 falls back to the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   check_sm80_supported(params);
   return Backend::cuda_sm80;
 }
 
 std::size_t forward_workspace_size(const ForwardParams& params, Backend backend) {
-  (void)backend;
+  if (backend == Backend::cuda_sm90) return 0;
   const FwdTile t = sm80_fwd_tile(find_sm80_kernel(params).head_dim);
   const int splits = params.num_splits > 0 ? params.num_splits : heuristic_splits(params, t);
   return split_workspace_bytes(params, splits);
 }
 
 RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Workspace workspace) {
-  if (backend != Backend::cuda_sm80) throw Error("cuda forward: only the sm80 kernels exist");
+  if (backend == Backend::cuda_sm90) return forward_sm90(params, stream);
+  if (backend != Backend::cuda_sm80) throw Error("cuda forward: unknown backend");
   const Sm80Kernel& kernel = find_sm80_kernel(params);
   const FwdTile t = sm80_fwd_tile(kernel.head_dim);
 
@@ -204,14 +260,7 @@ RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Wor
     kp.o_accum = static_cast<float*>(workspace.data);
     kp.lse_accum = kp.o_accum + split_o_accum_elems(params, splits);
   }
-  constexpr float kLog2e = 1.4426950408889634f;
-  if (params.softcap > 0.f) {
-    kp.softcap_in_scale = params.scale / params.softcap;
-    kp.lse_scale = params.softcap;
-  } else {
-    kp.lse_scale = params.scale;
-  }
-  kp.scale_log2 = kp.lse_scale * kLog2e;
+  fold_scales(kp);
 
   int current = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));

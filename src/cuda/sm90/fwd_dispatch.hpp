@@ -1,0 +1,97 @@
+#pragma once
+// Host side of the sm90a forward seen by the dispatcher (cuda_backend.cu): which
+// instantiations this build has, whether a call is covered, the run-time switch that lets the
+// automatic backend pick sm90, and the kernel names reported in RunInfo.
+//
+// Not covered yet (the dispatcher sends these to the sm80 kernels): varlen, split-KV,
+// head_dim_v != head_dim, and strides or pointers that a TMA descriptor cannot describe
+// (every stride a multiple of 16 bytes, every base pointer 16-byte aligned).
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+
+#include "common/params.hpp"
+#include "cuda/sm90/fwd_registry.hpp"
+#include "cuda/sm90/tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+struct Kernel {
+  ElementType dtype;
+  int head_dim;
+  FwdEntry entry;
+};
+
+#define FLASHCPP_SM90_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
+inline constexpr Kernel kKernels[] = {
+#include "fwd_sm90_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM90_FWD
+
+inline bool any_built() {
+  for (const Kernel& k : kKernels)
+    if (k.entry) return true;
+  return false;
+}
+
+// The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
+// run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
+inline const Kernel* find_kernel(const ForwardParams& p) {
+  const Kernel* best = nullptr;
+  for (const Kernel& k : kKernels)
+    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
+        (!best || k.head_dim < best->head_dim))
+      best = &k;
+  return best;
+}
+
+// FLASHCPP_ENABLE_SM90=1 lets the automatic backend choose the sm90 kernels on Hopper (read
+// once). Without it only an explicit Backend::cuda_sm90 request runs them.
+inline bool enabled_by_env() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FLASHCPP_ENABLE_SM90");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return enabled;
+}
+
+inline bool tma_compatible(const void* ptr, const Strides& s) {
+  constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte element
+  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0 && s.row % kElems == 0 &&
+         s.head % kElems == 0 && s.batch % kElems == 0;
+}
+
+// True when the sm90 forward can run this call (split-KV is decided by the dispatcher).
+inline bool covers(const ForwardParams& p) {
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  if (p.head_dim_v != p.head_dim || p.is_varlen() || find_kernel(p) == nullptr) return false;
+  return tma_compatible(p.q, p.q_stride) && tma_compatible(p.k, p.k_stride) &&
+         tma_compatible(p.v, p.v_stride) && tma_compatible(p.out, p.out_stride);
+}
+
+inline int num_m_blocks(const ForwardParams& p, const Kernel& k) {
+  const int block_m = sm90_fwd_tile(k.head_dim).block_m;
+  return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
+}
+
+// Stable storage for RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws".
+inline const char* kernel_name(const Kernel& k) {
+  static std::mutex mutex;
+  static std::deque<std::string> names;  // deque: handed-out c_str()s stay valid
+  std::lock_guard<std::mutex> lock(mutex);
+  const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
+  const std::string name = std::string("sm90_fwd_") +
+                           (k.dtype == ElementType::bf16 ? "bf16" : "fp16") + "_hdim" +
+                           std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
+                           std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws";
+  for (const std::string& n : names)
+    if (n == name) return n.c_str();
+  names.push_back(name);
+  return names.back().c_str();
+}
+
+}  // namespace flashcpp::detail::cuda::sm90

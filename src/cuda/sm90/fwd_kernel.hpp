@@ -1,0 +1,90 @@
+#pragma once
+// The sm90a forward kernel = scheduler (which tile) + mask policy (which key blocks) +
+// mainloop (producer loads, consumer products and softmax) + epilogue (stores). The shell
+// only assigns warpgroup roles:
+//   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
+//   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/common/mask_policy.hpp"
+#include "cuda/common/seqlen_info.hpp"
+#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/sm90/fwd_epilogue.hpp"
+#include "cuda/sm90/fwd_mainloop.hpp"
+#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/softmax.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Pipeline = typename Traits::Pipeline;
+  using SharedStorage = typename Traits::SharedStorage;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  extern __shared__ __align__(1024) char smem_raw[];
+  SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+  const FwdKernelParams& kp = params.kp;
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const bool elected = cute::elect_one_sync();
+
+  if (warp == 0 && elected) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
+  }
+  typename Pipeline::Params pp;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
+                            : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = Traits::kConsumerThreads;
+  pp.transaction_bytes = Traits::kKVStageBytes;
+  // Both constructors initialise their barriers from warp 0 and fence the initialisation.
+  Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  const TileCoord tile = tile_of_block(kp, blockIdx.x);
+  const SeqlenInfo seq(kp.p, tile.batch);
+  const WindowMask mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right);
+  const BlockRange range = mask.n_blocks(tile.m_block, kBlockM, kBlockN);
+  // A tile with no visible key: the producer loads nothing and the consumers wait on nothing.
+  const bool has_work = range.begin < range.end;
+
+  FwdMainloop<Traits> mainloop;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (warp == 0 && elected && has_work)
+      mainloop.load(params, seq, tile.m_block, tile.head, range, pipeline_k, pipeline_v, ss);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    const int tid = threadIdx.x - 128;
+    typename Traits::TiledMmaPV mma_pv;
+    Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
+    clear(acc_o);
+    constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
+    Softmax<kRows> softmax;
+    if (has_work) {
+      const BlockRange unmasked = mask.unmasked_blocks(tile.m_block, kBlockM, kBlockN);
+      mainloop.mma(kp, seq, mask, tile.m_block, range, unmasked, pipeline_k, pipeline_v, ss, tid,
+                   acc_o, softmax);
+    }
+    float lse[kRows];
+    Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    softmax.finalize(o_rc, kp.lse_scale, lse);
+    FwdEpilogue<Traits>{}(kp, seq, tile, acc_o, lse, tid);
+  }
+#endif
+}
+
+}  // namespace flashcpp::detail::cuda::sm90

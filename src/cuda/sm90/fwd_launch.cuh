@@ -1,0 +1,74 @@
+#pragma once
+// Host side of one sm90a forward instantiation: TMA descriptors of Q, K, V, grid, shared
+// memory opt-in and launch. Included only by the generated per-instantiation translation units
+// (compiled for sm_90a alone).
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/sm90/fwd_kernel.hpp"
+#include "cuda/sm90/kernel_traits.hpp"
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+// A TMA descriptor needs every extent >= 1 (an empty key sequence loads nothing; its extent
+// is raised to 1) and every stride a multiple of 16 bytes. A mode of extent 1 is never
+// stepped, so its stride (callers may leave 0 or anything there) is replaced by the packed one.
+inline std::int64_t tma_stride(std::int64_t stride, std::int64_t extent, std::int64_t packed) {
+  return extent <= 1 ? packed : stride;
+}
+
+template <class Traits>
+typename Traits::GmemTensor gmem_view(const void* ptr, int rows, int dim, int heads, int batch,
+                                      const Strides& s) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  rows = rows > 0 ? rows : 1;
+  const std::int64_t row = tma_stride(s.row, rows, (std::int64_t(dim) + 7) / 8 * 8);
+  const std::int64_t head = tma_stride(s.head, heads, row * rows);
+  const std::int64_t bat = tma_stride(s.batch, batch, head * heads);
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
+                     make_shape(rows, dim, heads, batch), make_stride(row, _1{}, head, bat));
+}
+
+template <class Element, int kHeadDim>
+void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
+  using namespace cute;
+  using Traits = FwdTraits<Element, kHeadDim>;
+  const ForwardParams& p = kp.p;
+  FwdParams<Traits> params;
+  params.kp = kp;
+  params.tma_q = make_tma_copy(
+      SM90_TMA_LOAD{},
+      gmem_view<Traits>(p.q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_stride),
+      typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
+  params.tma_k = make_tma_copy(
+      SM90_TMA_LOAD{},
+      gmem_view<Traits>(p.k, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_stride),
+      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+      _1{});
+  params.tma_v = make_tma_copy(
+      SM90_TMA_LOAD{},
+      gmem_view<Traits>(p.v, p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, p.v_stride),
+      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+      _1{});
+
+  const auto kernel = &fwd_kernel<Traits>;
+  constexpr int smem = Traits::kSmemBytes;
+  FLASHCPP_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const std::int64_t blocks = std::int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
+  if (blocks > INT_MAX)
+    throw Error("cuda sm90 forward: " + std::to_string(blocks) +
+                " thread blocks exceed the grid limit (2^31 - 1)");
+  kernel<<<unsigned(blocks), Traits::kThreads, smem, stream>>>(params);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashcpp::detail::cuda::sm90

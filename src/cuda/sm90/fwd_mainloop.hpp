@@ -1,0 +1,198 @@
+#pragma once
+// The sm90 forward mainloop: a producer (one thread of the producer warpgroup) streams Q once
+// and K, V block by block through TMA into shared-memory rings guarded by mbarriers; each
+// consumer warpgroup runs S = Q K^T (wgmma, both operands in shared memory), the online
+// softmax in registers and O += P V (wgmma, P from registers).
+//
+// Key blocks run from the last visible one down (the partial/diagonal blocks, which need the
+// mask, come first). Producer and consumers walk the same block range, so every mbarrier phase
+// matches; a tile with no visible key is skipped by both before any barrier is touched.
+//
+// Intra-warpgroup overlap (FA3): for block n the consumer issues S_n = Q K_n^T, then
+// O += P_{n+1} V_{n+1}, waits for S_n only and runs the mask and softmax of S_n while the
+// P V product is still on the tensor cores; O is rescaled after that product completes.
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/common/fragment_utils.hpp"
+#include "cuda/common/mask_policy.hpp"
+#include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/softmax.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+// acc (+)= A * B over all k slices with one commit; the caller waits (warpgroup_wait<N>).
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+__forceinline__ __device__ void wgmma(TiledMma& tiled_mma, TA& a, TB const& b, TC& acc) {
+  // A from registers (P) rather than a shared-memory descriptor (Q): fence those registers too.
+  constexpr bool kRegA =
+      !std::is_same_v<std::remove_cvref_t<decltype(a.data())>, GMMA::DescriptorIterator>;
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), acc);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(acc);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+}
+
+template <class Traits>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  // Producer: one elected thread. Q once, then K_n and V_n for n = end-1 down to begin.
+  __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
+                       int head, BlockRange range, Pipeline& pipeline_k, Pipeline& pipeline_v,
+                       SharedStorage& ss) const {
+    const ForwardParams& p = params.kp.p;
+    const int head_kv = head / (p.heads_q / p.heads_kv);
+    const int batch = int(seq.batch_q);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+
+    Tensor mQ = params.tma_q.get_tma_tensor(
+        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(
+        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(
+        make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
+    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                           make_coord(m_block, _0{}));
+    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));
+
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+
+    // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
+    using cute::TMA::CacheHintSm90;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full, Traits::kQBytes);
+    copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+
+    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+    for (int n = range.end - 1; n >= range.begin; --n) {
+      pipeline_k.producer_acquire(state);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
+                             CacheHintSm90::EVICT_LAST),
+           tKgK(_, n), tKsK(_, state.index()));
+      pipeline_v.producer_acquire(state);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
+                             CacheHintSm90::EVICT_LAST),
+           tVgV(_, n), tVsV(_, state.index()));
+      ++state;
+    }
+  }
+
+  // Consumer warpgroups (thread index tid among the 256 consumer threads). Leaves the
+  // unnormalised O in acc_o and the row statistics in softmax; range is non-empty.
+  template <class AccO, class SoftmaxT>
+  __device__ void mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
+                      int m_block, BlockRange range, BlockRange unmasked, Pipeline& pipeline_k,
+                      Pipeline& pipeline_v, SharedStorage& ss, int tid, AccO& acc_o,
+                      SoftmaxT& softmax) const {
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(tid);
+    auto thr_pv = mma_pv.get_thread_slice(tid);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // descriptors (1, 1, D/16)
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (1, 1, D/16, stages)
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (1, 1, kBlockN/16, stages)
+    // (row, col) of every S element in the 128 x kBlockN tile (rows include this
+    // warpgroup's 64-row offset).
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+    constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
+    Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    const int m0 = m_block * kBlockM;
+    const bool has_softcap = kp.softcap_in_scale != 0.f;
+
+    // Softcap, then the mask on blocks outside the unmasked band (a uniform branch).
+    auto score_mod = [&](auto& acc_s, int n) {
+      if (has_softcap) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * kp.softcap_in_scale);
+      }
+      if (n >= unmasked.end || n < unmasked.begin) {
+        const int n0 = n * kBlockN;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const auto c = tScS(i);
+          if (!mask.visible(m0 + get<0>(c), n0 + get<1>(c))) acc_s(i) = -INFINITY;
+        }
+      }
+    };
+
+    PipelineState k_state, v_state;  // consumer states start at phase 0
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, 0);
+
+    // ---- first block: S, softmax, P (nothing to overlap with yet) ----
+    int n = range.end - 1;
+    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
+    float o_scale[kRows];
+    pipeline_k.consumer_wait(k_state);
+    wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+    warpgroup_wait<0>();
+    pipeline_k.consumer_release(k_state);
+    ++k_state;
+    score_mod(acc_s, n);
+    softmax.step(s_rc, kp.scale_log2, o_scale);
+    Tensor p_regs = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
+
+    // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
+    for (--n; n >= range.begin; --n) {
+      pipeline_k.consumer_wait(k_state);
+      wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      pipeline_v.consumer_wait(v_state);
+      wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      warpgroup_wait<1>();  // S_n done; P V still running
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      score_mod(acc_s, n);
+      softmax.step(s_rc, kp.scale_log2, o_scale);
+      warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+      Softmax<kRows>::rescale_o(o_rc, o_scale);
+      Tensor p_next = convert_fragment<Element>(acc_s);
+      CUTE_UNROLL
+      for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+    }
+
+    // ---- last P V ----
+    pipeline_v.consumer_wait(v_state);
+    wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(v_state);
+  }
+};
+
+}  // namespace flashcpp::detail::cuda::sm90

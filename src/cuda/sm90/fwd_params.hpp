@@ -1,0 +1,17 @@
+#pragma once
+// What the sm90 forward kernel receives: the common kernel parameters plus the TMA
+// descriptors of Q, K and V built on the host (passed as a __grid_constant__ parameter, so
+// the descriptors live in parameter memory where TMA can read them).
+#include "cuda/common/fwd_params.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+template <class Traits>
+struct FwdParams {
+  FwdKernelParams kp;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+};
+
+}  // namespace flashcpp::detail::cuda::sm90

@@ -1,0 +1,96 @@
+#pragma once
+// Compile-time description of one sm90a forward instantiation: the tile (from the tile table),
+// the two warpgroup MMAs, the 128-byte-swizzled shared-memory layouts both TMA and wgmma read,
+// the TMA copy types, the K and V pipelines and the shared-memory storage.
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/sm90/tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim_);
+  static_assert(kTile.head_dim == kHeadDim_, "head dim must be an sm90 tile table entry");
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+  static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
+  static_assert(kBlockN % 16 == 0, "kBlockN is the k extent of O += P V");
+
+  // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
+  // at 384 threads: setmaxnreg needs the totals to match the entry allocation.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <= (kThreads / 128) * 168);
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // O = P V
+  // One 64-row wgmma atom per consumer warpgroup, stacked along M.
+  using AtomLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  // S = Q K^T: both operands from shared memory (Q stays there: register bandwidth, not
+  // shared-memory bandwidth, limits this loop). O += P V: P from registers (the converted S
+  // accumulator), V from shared memory read "MN-major" (V is stored key-major, D contiguous).
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // K-major 128-byte swizzle: atoms of 8 rows x 64 elements; TMA writes exactly this pattern.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V viewed as (D, kBlockN, stage): the B operand of O += P V (no data movement).
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
+  // past the sequence and columns past the real head dim come back as zeros.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                       take<0, 2>(SmemLayoutK{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kKVStageBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    // 1024-byte alignment: the 128-byte swizzle pattern repeats every 8 rows of 128 B.
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    alignas(8) std::uint64_t q_full;  // transaction barrier of the single Q load
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+};
+
+}  // namespace flashcpp::detail::cuda::sm90
