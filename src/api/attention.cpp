@@ -22,13 +22,16 @@ bool nothing_to_do_backward(const ForwardParams& p) {
   return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
 }
 
-// Stands in for `out` where only q, k and v are known (workspace queries): q's shape with v's
-// head dim, so validation sees a consistent call.
-[[maybe_unused]] TensorView out_like(const TensorView& q, const TensorView& v) {
+#ifdef FLASHCPP_WITH_CUDA
+// The validated problem of a workspace query, where only q, k and v are known: `out` is
+// stood in for by q's shape with v's head dim, so validation sees a consistent call.
+ForwardParams workspace_problem(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const AttentionOptions& options, Backend family) {
   TensorView out = q;
-  out.shape[out.rank - 1] = v.rank > 0 ? v.shape[v.rank - 1] : 0;
-  return out;
+  if (out.rank > 0 && v.rank > 0) out.shape[out.rank - 1] = v.shape[v.rank - 1];
+  return detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
 }
+#endif
 
 RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOptions& options,
                     Stream stream, Workspace workspace) {
@@ -107,9 +110,7 @@ std::size_t forward_workspace_size(const TensorView& q, const TensorView& k, con
   const Backend family = detail::check_backend(q, options);
   if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
 #ifdef FLASHCPP_WITH_CUDA
-  const TensorView out = out_like(q, v);
-  const ForwardParams params =
-      detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
+  const ForwardParams params = workspace_problem(q, k, v, options, family);
   return detail::cuda::forward_workspace_size(
       params, detail::cuda::choose_forward_backend(params, family));
 #else
@@ -124,10 +125,7 @@ std::size_t backward_workspace_size(const TensorView& q, const TensorView& k, co
   const Backend family = detail::check_backend(q, options);
   if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
 #ifdef FLASHCPP_WITH_CUDA
-  const TensorView out = out_like(q, v);
-  const ForwardParams params =
-      detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
-  return detail::cuda::backward_workspace_size(params, family);
+  return detail::cuda::backward_workspace_size(workspace_problem(q, k, v, options, family), family);
 #else
   (void)k;
   (void)v;
