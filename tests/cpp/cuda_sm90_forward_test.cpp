@@ -57,7 +57,9 @@ struct Case {
   int wl = -1, wr = -1;
   float softcap = 0.f;
   bool bhsd = false;
-  int num_splits = 0;
+  // 1: never split. With 0 the split heuristic decides, and the calls it would split (small
+  // grids: decode, or few heads) go to sm80, since the sm90 kernels do not split KV yet.
+  int num_splits = 1;
   bool give_workspace = true;
   std::vector<int> seqlens_q, seqlens_k;
   std::uint64_t seed = 1;
@@ -440,6 +442,18 @@ TEST_F(CudaSm90Forward, VarlenAndSplitKvFallBackToSm80) {
   run_case(c, r);
   expect_close(c, r);
   EXPECT_EQ(r.info.num_splits, 3);
+
+  Case d;  // decode shape, heuristic splits: sm80 split-KV
+  d.Hq = d.Hkv = 2;
+  d.Nq = 1;
+  d.Nk = 8192;
+  d.D = 128;
+  d.num_splits = 0;
+  d.expect = Backend::cuda_sm80;
+  Result rd;
+  run_case(d, rd);
+  expect_close(d, rd);
+  EXPECT_GT(rd.info.num_splits, 1);
 }
 
 TEST_F(CudaSm90Forward, RepeatedRunsBitwiseIdentical) {

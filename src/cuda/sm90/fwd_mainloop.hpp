@@ -11,6 +11,12 @@
 // Intra-warpgroup overlap (FA3): for block n the consumer issues S_n = Q K_n^T, then
 // O += P_{n+1} V_{n+1}, waits for S_n only and runs the mask and softmax of S_n while the
 // P V product is still on the tensor cores; O is rescaled after that product completes.
+//
+// Ping-pong (d <= 128, where the softmax is as long as the products): the two consumer
+// warpgroups take turns issuing their GEMMs through two named barriers, so one warpgroup's
+// softmax runs while the other's products occupy the tensor cores. Each warpgroup issues
+// k + 1 times for k key blocks (first S, k - 1 steady steps, last P V); warpgroup 1 gives the
+// first turn to warpgroup 0 and skips its own last hand-over, so both barriers end balanced.
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -20,6 +26,7 @@
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -149,6 +156,22 @@ struct FwdMainloop {
       }
     };
 
+    // Turn-taking of the two consumer warpgroups (no-ops without ping-pong).
+    const int wg = tid / 128;
+    auto turn_begin = [&] {
+      if constexpr (Traits::kPingPong)
+        named_barrier_sync(wg == 0 ? NamedBarrier::kWarpScheduler0
+                                   : NamedBarrier::kWarpScheduler1, 256);
+    };
+    auto turn_end = [&](bool last) {
+      if constexpr (Traits::kPingPong)
+        if (!(last && wg == 1))
+          named_barrier_arrive(wg == 0 ? NamedBarrier::kWarpScheduler1
+                                       : NamedBarrier::kWarpScheduler0, 256);
+    };
+    if constexpr (Traits::kPingPong)
+      if (wg == 1) named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
+
     PipelineState k_state, v_state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, 0);
 
@@ -158,7 +181,9 @@ struct FwdMainloop {
     Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
     float o_scale[kRows];
     pipeline_k.consumer_wait(k_state);
+    turn_begin();
     wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+    turn_end(false);
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_state);
     ++k_state;
@@ -170,9 +195,11 @@ struct FwdMainloop {
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
       pipeline_k.consumer_wait(k_state);
+      turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
       wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      turn_end(false);
       warpgroup_wait<1>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
@@ -189,7 +216,9 @@ struct FwdMainloop {
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
+    turn_begin();
     wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+    turn_end(true);
     warpgroup_wait<0>();
     pipeline_v.consumer_release(v_state);
   }

@@ -31,6 +31,10 @@ struct FwdTraits {
   static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
   static_assert(kBlockN % 16 == 0, "kBlockN is the k extent of O += P V");
 
+  // Consumer warpgroups take turns issuing their GEMMs (fwd_mainloop.hpp) where the softmax is
+  // as long as the products; at d256 the products dominate and FA3 finds no gain either.
+  static constexpr bool kPingPong = kHeadDim <= 128;
+
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
   // at 384 threads: setmaxnreg needs the totals to match the entry allocation.
   static constexpr int kProducerRegs = 24;

@@ -1,0 +1,22 @@
+#pragma once
+// Named (bar.sync) barriers of the sm90 kernels. Ids 0..7 belong to CUTLASS
+// (cutlass/arch/barrier.h, ReservedNamedBarriers; 0 is __syncthreads), so ours start at 8 of
+// the 16 the hardware has.
+namespace flashcpp::detail::cuda::sm90 {
+
+enum class NamedBarrier : int {
+  // Ping-pong between the two consumer warpgroups: warpgroup w waits on kWarpScheduler0 + w
+  // before issuing its GEMMs and, once they are issued, arrives on the other one's.
+  kWarpScheduler0 = 8,
+  kWarpScheduler1 = 9,
+};
+
+__forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+__forceinline__ __device__ void named_barrier_arrive(NamedBarrier id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+}  // namespace flashcpp::detail::cuda::sm90
