@@ -67,6 +67,20 @@ struct WindowMask {
     const std::int64_t d = std::int64_t(col) - row;
     return col < seqlen_k && d >= lo && d <= hi;
   }
+
+  // The keys of key block [n0, n0 + block_n) that `row` sees, as block-relative bounds
+  // [first, last] clipped to [-1, block_n] (first > last: none). The int64 work is once per
+  // row; each element is then two int compares (the per-element visible() in the sm80 loop
+  // cost 64-bit compares and predicate packing for every element).
+  FLASHCPP_HOST_DEVICE void row_window(int row, int n0, int block_n, int& first, int& last) const {
+    std::int64_t f = std::int64_t(row) + lo, l = std::int64_t(row) + hi;
+    if (f < 0) f = 0;
+    if (l > seqlen_k - 1) l = seqlen_k - 1;
+    f -= n0;
+    l -= n0;
+    first = int(f < -1 ? -1 : f > block_n ? block_n : f);
+    last = int(l < -1 ? -1 : l > block_n ? block_n : l);
+  }
 };
 
 }  // namespace flashcpp::detail::cuda

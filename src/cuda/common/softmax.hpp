@@ -1,8 +1,8 @@
 #pragma once
 // Online softmax over the rows a thread holds in its S accumulator (FlashAttention-2):
 // running max m and running sum l per row, O rescaled by exp2((m_old - m_new) * scale) only
-// when the row max moved, exp2 with the scale folded into one FFMA, and the sum kept per
-// thread (no shuffles) until finalize.
+// when some row max of the warp grew by more than 2^8 (see kMaxGrowthLog2), exp2 with the
+// scale folded into one FFMA, and the sum kept per thread (no shuffles) until finalize.
 #include <cmath>
 
 #include "cuda/common/fragment_utils.hpp"
@@ -31,28 +31,52 @@ struct OnlineSoftmax {
     }
   }
 
+  // A row's exp2 offset (row_max) moves only when the row max grew by more than this many
+  // powers of two: P = exp2(s * scale - row_max * scale) then stays <= 2^8, harmless in fp32
+  // sums and bf16/fp16 P, and most blocks skip the O rescale (acc_o FMULs: 128 per thread
+  // and block at d128, as many as the exp2 FFMAs and MUFUs together). The test is taken
+  // for the whole warp at once (vote), so the skipped rescale is a real branch rather than
+  // predicated instructions. Finalize divides by the sum taken with the same offsets, so the
+  // result is the softmax whatever offsets were used.
+  static constexpr float kMaxGrowthLog2 = 8.f;
+
   // s: S accumulator in (row, col) view, overwritten with unnormalised P.
-  // o: O accumulator in (row, col) view. kFirst: o holds nothing yet (no rescale needed).
-  template <bool kFirst, class TensorS, class TensorO>
+  // o: O accumulator in (row, col) view.
+  // kCheckInf: s may hold -inf (a masked block), so a row max can still be -inf.
+  template <bool kCheckInf, class TensorS, class TensorO>
   __forceinline__ __device__ void update(TensorS& s, TensorO& o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
+    float block_max[kRows];
+    bool grow = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+      float m = s(r, 0);
 #pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_max(m);
-      // A row that has seen only masked keys keeps max -inf; use 0 as the offset so that
-      // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      if (!kFirst && m != row_max[r]) {
+      for (int c = 1; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      block_max[r] = quad_max(m);
+      // -inf - -inf = NaN compares false: a row that has still seen no key needs nothing;
+      // the first visible keys of a row give +inf.
+      grow |= (block_max[r] - row_max[r]) * scale_log2 > kMaxGrowthLog2;
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float m = fmaxf(row_max[r], block_max[r]);
+        // A row that has seen only masked keys keeps max -inf; use 0 as the offset so that
+        // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+        const float m_scaled = (kCheckInf && m == -INFINITY) ? 0.f : m * scale_log2;
         // exp2(-inf) = 0 when the previous max was -inf: O and l are still 0 then.
         const float rescale = fast_exp2(row_max[r] * scale_log2 - m_scaled);
         row_sum[r] *= rescale;
 #pragma unroll
         for (int c = 0; c < size<1>(o); ++c) o(r, c) *= rescale;
+        row_max[r] = m;
       }
-      row_max[r] = m;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float m_scaled =
+          (kCheckInf && row_max[r] == -INFINITY) ? 0.f : row_max[r] * scale_log2;
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < size<1>(s); ++c) {

@@ -15,7 +15,7 @@ namespace flashcpp::detail::cuda::sm80 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams kp) {
   extern __shared__ __align__(128) char smem[];
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // A tile with no visible key skips every load and product: finalize then yields O = 0 and
   // lse = -inf for all its rows.
   if (range.begin < range.end) {
-    FwdMainloop<Traits>{}(kp, seq, mask, tile.m_block, tile.head, range, unmasked, smem, acc_o,
+    FwdMainloop<Traits, kSoftcap>{}(kp, seq, mask, tile.m_block, tile.head, range, unmasked, smem, acc_o,
                           softmax);
   }
   float lse[kRows];

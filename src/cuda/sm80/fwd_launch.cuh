@@ -17,7 +17,7 @@ namespace flashcpp::detail::cuda::sm80 {
 template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using Traits = FwdTraits<Element, kHeadDim>;
-  const auto kernel = &fwd_kernel<Traits>;
+  const auto kernel = kp.softcap_in_scale != 0.f ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
   constexpr int smem = Traits::kSmemBytes;
   // Above 48 KB of dynamic shared memory a kernel must opt in (once per device is enough, but
   // the attribute call is cheap and keeps this free of per-device state).

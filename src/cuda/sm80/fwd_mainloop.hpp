@@ -1,11 +1,8 @@
 #pragma once
 // The sm80 forward mainloop (FlashAttention-2 schedule) for one query tile: stream K and V
 // tiles through shared memory with cp.async, S = Q K^T and O += P V on mma.sync, online
-// softmax in registers. Key blocks run from the last to the first so that the block that
-// needs the seqlen_k / diagonal mask comes first and the rest run unmasked.
-//
-// Overlap (one K and one V buffer): the V load of block n is issued before S_n is computed,
-// and the K load of block n-1 right after S_n is consumed, so each copy hides behind a product.
+// softmax in registers. The key blocks that need the seqlen_k / diagonal / window mask run
+// first, then the unmasked band with no mask code at all.
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
@@ -19,7 +16,9 @@ namespace flashcpp::detail::cuda::sm80 {
 
 using namespace cute;
 
-template <class Traits>
+// kSoftcap: S goes through softcap * tanh(S * scale / softcap) (a compile-time flag: the
+// run-time test was if-converted into ~17 predicated instructions per S element).
+template <class Traits, bool kSoftcap>
 struct FwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -45,17 +44,9 @@ struct FwdMainloop {
                             seq.offset(p.k_stride, seq.batch_k, seq.row_k, head_kv);
     const Element* v_base = static_cast<const Element*>(p.v) +
                             seq.offset(p.v_stride, seq.batch_k, seq.row_k, head_kv);
-    const auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
-    const auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
-    Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(p.q_stride.row, _1{}));
-    auto k_tile = [&](int n) {
-      return make_tensor(make_gmem_ptr(k_base + std::int64_t(n) * kBlockN * p.k_stride.row),
-                         tile_kv, make_stride(p.k_stride.row, _1{}));
-    };
-    auto v_tile = [&](int n) {
-      return make_tensor(make_gmem_ptr(v_base + std::int64_t(n) * kBlockN * p.v_stride.row),
-                         tile_kv, make_stride(p.v_stride.row, _1{}));
-    };
+    const TileLoader<Traits> load_q(q_ptr, p.q_stride.row, kBlockM, p.head_dim, tid);
+    const TileLoader<Traits> load_k_tile(k_base, p.k_stride.row, kBlockN, p.head_dim, tid);
+    const TileLoader<Traits> load_v_tile(v_base, p.v_stride.row, kBlockN, p.head_dim_v, tid);
 
     // ---- shared memory: Q | K | V ----
     Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
@@ -71,8 +62,6 @@ struct FwdMainloop {
     Tensor tQsQ = gmem_thr.partition_D(sQ);
     Tensor tKsK = gmem_thr.partition_D(sK);
     Tensor tVsV = gmem_thr.partition_D(sV);
-    Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(tile_q));
-    Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(tile_kv));
 
     typename Traits::TiledMma tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(tid);
@@ -90,30 +79,37 @@ struct FwdMainloop {
     auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
     Tensor tOsVt = smem_thr_v.partition_S(sVt);
 
-    const int q_rows = seq.seqlen_q - m0;
-    // Rows past seqlen_k and columns past the real head dim are zero-filled. (An unpredicated
-    // fast path for full blocks raised the spills at d128 from 180 B to 636 B with nvcc 13.)
-    auto load_k = [&](int n) {
-      copy_zfill(gmem_copy, gmem_thr.partition_S(k_tile(n)), tKsK, tKVcKV,
-                 seq.seqlen_k - n * kBlockN, p.head_dim);
-    };
-    auto load_v = [&](int n) {
-      copy_zfill(gmem_copy, gmem_thr.partition_S(v_tile(n)), tVsV, tKVcKV,
-                 seq.seqlen_k - n * kBlockN, p.head_dim_v);
+    // Rows past seqlen_k are zero-filled. (An unpredicated fast path for full blocks raised
+    // the spills at d128 from 180 B to 636 B with nvcc 13.)
+    auto load_k = [&](int n) { load_k_tile(tKsK, n, seq.seqlen_k - n * kBlockN); };
+    auto load_v = [&](int n) { load_v_tile(tVsV, n, seq.seqlen_k - n * kBlockN); };
+
+    // ---- block order: masked blocks first, then the unmasked band ----
+    // Masked: right of the band (partial last block, causal/window diagonal), then left of it
+    // (sliding-window left edge); both run from the highest block down. The masked and the
+    // unmasked body are separate loops: with one loop and a run-time "needs mask" test, nvcc
+    // if-converted the mask (and the softcap) into predicated code that every iteration
+    // issued (2280 instructions per 128 HMMA at d128, sm_90 SASS).
+    const int band_begin = min(max(unmasked.begin, range.begin), range.end);
+    const int band_end = min(max(unmasked.end, band_begin), range.end);
+    const int n_right = range.end - band_end;
+    const int n_masked = n_right + (band_begin - range.begin);
+    const int n_total = range.end - range.begin;
+    auto block_at = [&](int i) {
+      return i < n_right ? range.end - 1 - i
+                         : (i < n_masked ? band_begin - 1 - (i - n_right) : band_end - 1 - (i - n_masked));
     };
 
     // ---- prologue: Q and the first K block ----
-    copy_zfill(gmem_copy, gmem_thr.partition_S(gQ), tQsQ, tQcQ, q_rows, p.head_dim);
-    load_k(range.end - 1);
+    load_q(tQsQ, 0, seq.seqlen_q - m0);
+    load_k(block_at(0));
     cp_async_fence();
 
-    const bool has_softcap = kp.softcap_in_scale != 0.f;
-    // Key blocks run from the last down: the blocks right of the unmasked band (partial last
-    // block, causal/window diagonal) first, then the unmasked band, then the blocks left of
-    // it (sliding-window left edge). Only blocks outside the band evaluate the mask: a
-    // uniform branch per block. (Instantiating the body twice, masked and unmasked, spilled
-    // 1.4 KB at d128 against 180 B for this form, with nvcc 13.)
-    for (int n = range.end - 1; n >= range.begin; --n) {
+    // Overlap: the V load of block n is issued before S_n is computed, and the K load of the
+    // next block right after S_n is consumed, so each copy hides behind a product.
+    auto step = [&](int i, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const int n = block_at(i);
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       cp_async_wait<0>();  // K_n (and Q) landed
@@ -124,37 +120,46 @@ struct FwdMainloop {
       gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k,
                      smem_thr_q, smem_thr_k);
 
-      if (has_softcap) {
+      if constexpr (kSoftcap) {
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * kp.softcap_in_scale);
+        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = tanhf(acc_s(e) * kp.softcap_in_scale);
       }
-      if (n >= unmasked.end || n < unmasked.begin) {
-        // (row, col) of every S accumulator element.
+      Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+      if constexpr (kMasked) {
+        // (row, col) of every S accumulator element, in the same (row, col) view.
         Tensor tScS =
             thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+        Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
         const int n0 = n * kBlockN;
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          const auto c = tScS(i);
-          if (!mask.visible(m0 + get<0>(c), n0 + get<1>(c))) acc_s(i) = -INFINITY;
+        for (int r = 0; r < size<0>(s_rc); ++r) {
+          int first, last;
+          mask.row_window(m0 + get<0>(c_rc(r, 0)), n0, kBlockN, first, last);
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(s_rc); ++c) {
+            const int col = get<1>(c_rc(r, c));
+            if (col < first || col > last) s_rc(r, c) = -INFINITY;
+          }
         }
       }
 
       cp_async_wait<0>();  // V_n landed
       __syncthreads();     // ... for every thread; K buffer free (S_n done everywhere)
-      if (n > range.begin) {
-        load_k(n - 1);
+      if (i + 1 < n_total) {
+        load_k(block_at(i + 1));
         cp_async_fence();
       }
 
-      Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-      softmax.template update<false>(s_rc, o_rc, kp.scale_log2);
+      softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
       gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_v);
-    }
+    };
+    int i = 0;
+    for (; i < n_masked; ++i) step(i, cute::true_type{});
+    for (; i < n_total; ++i) step(i, cute::false_type{});
     // Every thread is done reading Q/K/V before the epilogue reuses shared memory.
     __syncthreads();
   }

@@ -1,7 +1,9 @@
 #pragma once
-// The two block products of the sm80 forward, software-pipelined over k: the ldmatrix for
+// The two block products of the sm80 forward, software-pipelined over k (the ldmatrix for
 // slice k+1 is issued before the mma.sync of slice k so shared-memory latency hides behind
-// the tensor cores.
+// the tensor cores), and the per-thread global -> shared tile loader.
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 
 namespace flashcpp::detail::cuda::sm80 {
@@ -44,24 +46,62 @@ __forceinline__ __device__ void gemm_reg_smem(TiledMma& mma, Acc& acc, RegA cons
   }
 }
 
-// Global -> shared copy of one tile with zero fill: rows at or past `rows` and columns at or
-// past `cols` (the real head dim of a padded instantiation) are written as zeros, so padding,
-// other sequences' rows or NaN garbage never reach a product (0 * NaN = NaN).
-template <class TiledCopy, class Src, class Dst, class Coord>
-__forceinline__ __device__ void copy_zfill(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
-                                           Coord const& coord, int rows, int cols) {
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(src); ++m) {
-    const bool row_ok = get<0>(coord(0, m, 0)) < rows;
+// This thread's share of the global -> shared copies of one tile (GmemTiledCopyQKV's thread
+// layout): 16-byte chunks at rows r0 + m * kRowsPerPass and columns c0 + k * kBlockKSmem.
+// Rows at or past the valid row count and columns at or past the real head dim (a padded
+// instantiation) are written as zeros, so padding, other sequences' rows or NaN garbage never
+// reach a product (0 * NaN = NaN). The addresses are one pointer per thread advanced by a
+// precomputed step: CuTe's partition of an int64-strided tensor rebuilt every 16-byte chunk
+// address from the kernel parameters (LDC + 64-bit IADD + LEA pair per chunk, 7 instructions
+// where this takes 3).
+template <class Traits>
+struct TileLoader {
+  using Element = typename Traits::Element;
+  static constexpr int kRowsPerPass = Traits::kNThreads / Traits::kThreadsPerRow;
+
+  const Element* src;      // block 0, chunk (0, 0) of this thread
+  std::int64_t row_step;   // bytes from chunk row m to m + 1
+  std::int64_t block_step; // bytes from key block n to n + 1
+  int r0;                  // this thread's first row
+  unsigned col_ok;         // bit k: chunk column k is inside the real head dim
+
+  __forceinline__ __device__ TileLoader(const Element* base, std::int64_t row_stride, int block_rows,
+                                        int cols, int tid) {
+    r0 = tid / Traits::kThreadsPerRow;
+    const int c0 = tid % Traits::kThreadsPerRow * Traits::kElemsPerVec;
+    src = base + r0 * row_stride + c0;
+    // The pointer goes through an opaque move: otherwise nvcc rebuilds it from the kernel
+    // parameter for every chunk (LDC + 64-bit add + LEA pair) instead of keeping it.
+    asm("mov.b64 %0, %0;" : "+l"(src));
+    row_step = kRowsPerPass * row_stride * std::int64_t(sizeof(Element));
+    block_step = block_rows * row_stride * std::int64_t(sizeof(Element));
+    col_ok = 0;
     CUTE_UNROLL
-    for (int k = 0; k < size<2>(src); ++k) {
-      if (row_ok && get<1>(coord(0, m, k)) < cols) {
-        copy(tiled_copy, src(_, m, k), dst(_, m, k));
-      } else {
-        clear(dst(_, m, k));
+    for (int k = 0; k < Traits::kHeadDim / Traits::kBlockKSmem; ++k)
+      col_ok |= unsigned(c0 + k * Traits::kBlockKSmem < cols) << k;
+  }
+
+  // Block n into dst (this thread's partition_D of the shared tile, (CPY, M, K)); rows: valid
+  // rows of block n counted from its first row.
+  template <class Dst>
+  __forceinline__ __device__ void operator()(Dst& dst, int n, int rows) const {
+    static_assert(decltype(size<2>(dst))::value == Traits::kHeadDim / Traits::kBlockKSmem);
+    const char* p = reinterpret_cast<const char*>(src) + n * block_step;
+    const int rows_left = rows - r0;
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(dst); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(dst); ++k) {
+        auto* d = reinterpret_cast<cute::uint128_t*>(&dst(0, m, k));
+        if (m * kRowsPerPass < rows_left && (col_ok >> k & 1u))
+          SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+              *reinterpret_cast<const cute::uint128_t*>(p + k * Traits::kBlockKSmem * sizeof(Element)), *d);
+        else
+          *d = cute::uint128_t{0, 0};
       }
+      p += row_step;
     }
   }
-}
+};
 
 }  // namespace flashcpp::detail::cuda::sm80
