@@ -2,22 +2,16 @@
 // (Backend::cpu_reference on host copies of the same rounded inputs), requested explicitly with
 // Backend::cuda_sm90. Cases the sm90 kernels do not cover yet (varlen, split-KV) must fall back
 // to the sm80 kernels and say so in RunInfo. Every test skips without a GPU, on a GPU that is
-// not sm90, and in a build without the sm90a kernels. The helpers follow
-// cuda_forward_test.cpp (same data, poisoning, reference and error bounds); the head dims
+// not sm90, and in a build without the sm90a kernels. The harness (same data, poisoning,
+// reference and error bounds as cuda_forward_test.cpp) is cuda_test_harness.hpp; the head dims
 // swept assume the default FLASHCPP_HEAD_DIMS (sm90 kernels for 64, 128 and 256).
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <random>
 #include <string>
-#include <vector>
+#include <utility>
 
-#include "common/half.hpp"
+#include "cuda_test_harness.hpp"
 #include "flashcpp/flashcpp.hpp"
 
 #ifdef FLASHCPP_TEST_WITH_CUDA
@@ -29,252 +23,19 @@ namespace {
 
 #ifdef FLASHCPP_TEST_WITH_CUDA
 
-void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+using namespace cuda_test;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    if (bytes && cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+// A case that requests Backend::cuda_sm90 and must run on it; `expect` is set to sm80 for the
+// cases sm90 leaves to sm80. num_splits 1: never split. With 0 the split heuristic decides, and
+// the calls it would split (small grids: decode, or few heads) go to sm80, since the sm90
+// kernels do not split KV yet.
+struct Sm90Case : Case {
+  Sm90Case() {
+    num_splits = 1;
+    backend = Backend::cuda_sm90;
+    expect = Backend::cuda_sm90;
   }
-  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
-
-std::uint16_t to_bits(DType t, float x) {
-  return t == DType::bf16 ? detail::float_to_bf16(x) : detail::float_to_fp16(x);
-}
-float from_bits(DType t, std::uint16_t b) {
-  return t == DType::bf16 ? detail::bf16_to_float(b) : detail::fp16_to_float(b);
-}
-
-// One attention problem. Logical tensors are [B, N, H, D]; bhsd stores them as [B, H, N, D].
-// Varlen when seqlens_q is non-empty (then B = seqlens_q.size(), tensors [total, H, D]).
-struct Case {
-  int B = 1, Nq = 1, Nk = 1, Hq = 1, Hkv = 1, D = 64;
-  DType dtype = DType::bf16;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float softcap = 0.f;
-  bool bhsd = false;
-  // 1: never split. With 0 the split heuristic decides, and the calls it would split (small
-  // grids: decode, or few heads) go to sm80, since the sm90 kernels do not split KV yet.
-  int num_splits = 1;
-  bool give_workspace = true;
-  std::vector<int> seqlens_q, seqlens_k;
-  std::uint64_t seed = 1;
-  // The backend the call must report: sm90 unless the case is one sm90 leaves to sm80.
-  Backend expect = Backend::cuda_sm90;
-};
-
-std::string describe(const Case& c) {
-  return "B=" + std::to_string(c.B) + " Nq=" + std::to_string(c.Nq) + " Nk=" +
-         std::to_string(c.Nk) + " H=" + std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) +
-         " D=" + std::to_string(c.D) + " " + dtype_name(c.dtype) + (c.causal ? " causal" : "") +
-         " window=(" + std::to_string(c.wl) + "," + std::to_string(c.wr) + ") softcap=" +
-         std::to_string(c.softcap) + (c.bhsd ? " bhsd" : " bshd") +
-         " splits=" + std::to_string(c.num_splits) + (c.seqlens_q.empty() ? "" : " varlen");
-}
-
-struct Result {
-  std::vector<float> out, lse;        // kernel, logical order
-  std::vector<float> ref_out, ref_lse;
-  std::vector<std::uint16_t> out_bits;  // raw, for determinism checks
-  RunInfo info;
-};
-
-// Strides in elements of a logical [B, N, H, D] tensor (or [total, H, D] when varlen).
-std::vector<std::int64_t> strides_of(const Case& c, std::int64_t n, std::int64_t h, std::int64_t d,
-                                     bool varlen) {
-  if (varlen) return {h * d, d, 1};
-  if (c.bhsd) return {h * n * d, d, n * d, 1};
-  return {n * h * d, h * d, d, 1};
-}
-
-TensorView make_view(void* data, DType t, const std::vector<std::int64_t>& shape,
-                     const std::vector<std::int64_t>& stride, Device dev) {
-  TensorView v;
-  v.data = data;
-  v.dtype = t;
-  v.rank = int(shape.size());
-  for (int i = 0; i < v.rank; ++i) {
-    v.shape[i] = shape[i];
-    v.stride[i] = stride[i];
-  }
-  v.device = dev;
-  return v;
-}
-
-// Runs the case on the GPU and on the reference; fills `r`.
-void run_case(const Case& c, Result& r, int repeats = 1) {
-  const bool varlen = !c.seqlens_q.empty();
-  std::vector<int> cu_q{0}, cu_k{0};
-  for (std::size_t b = 0; b < c.seqlens_q.size(); ++b) {
-    cu_q.push_back(cu_q.back() + c.seqlens_q[b]);
-    cu_k.push_back(cu_k.back() + c.seqlens_k[b]);
-  }
-  const int B = varlen ? int(c.seqlens_q.size()) : c.B;
-  const std::int64_t rows_q = varlen ? cu_q.back() : std::int64_t(c.B) * c.Nq;
-  const std::int64_t rows_k = varlen ? cu_k.back() : std::int64_t(c.B) * c.Nk;
-  const int max_q = varlen ? *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end()) : c.Nq;
-  const int max_k = varlen ? *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end()) : c.Nk;
-  auto shape = [&](std::int64_t n, int h, int d) -> std::vector<std::int64_t> {
-    if (varlen) return {n, h, d};
-    return {B, n, h, d};
-  };
-  const std::vector<std::int64_t> sq = shape(varlen ? rows_q : c.Nq, c.Hq, c.D);
-  const std::vector<std::int64_t> sk = shape(varlen ? rows_k : c.Nk, c.Hkv, c.D);
-  const std::vector<std::int64_t> stq = strides_of(c, c.Nq, c.Hq, c.D, varlen);
-  const std::vector<std::int64_t> stk = strides_of(c, c.Nk, c.Hkv, c.D, varlen);
-
-  // Random normal values rounded to the dtype; the reference gets exactly these as fp32.
-  std::mt19937_64 rng(c.seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  const std::int64_t nq = rows_q * c.Hq * c.D, nk = rows_k * c.Hkv * c.D;
-  std::vector<float> q(nq), k(nk), v(nk);
-  for (auto* t : {&q, &k, &v})
-    for (float& x : *t) x = from_bits(c.dtype, to_bits(c.dtype, normal(rng)));
-  // Memory images in the test layout; logical index -> memory offset (same strides for all).
-  auto offset = [&](std::int64_t i, const std::vector<std::int64_t>& shp,
-                    const std::vector<std::int64_t>& st) {
-    std::int64_t off = 0;
-    for (int d = int(shp.size()) - 1; d >= 0; --d) {
-      off += (i % shp[d]) * st[d];
-      i /= shp[d];
-    }
-    return off;
-  };
-  auto image = [&](const std::vector<float>& x, const std::vector<std::int64_t>& shp,
-                   const std::vector<std::int64_t>& st) {
-    std::vector<std::uint16_t> m(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) m[offset(i, shp, st)] = to_bits(c.dtype, x[i]);
-    return m;
-  };
-  const auto q_img = image(q, sq, stq), k_img = image(k, sk, stk), v_img = image(v, sk, stk);
-
-  const Device gpu = Device::cuda(0);
-  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2), dlse(std::max<std::int64_t>(rows_q * c.Hq, 1) * 4);
-  DeviceBuffer dcu_q(cu_q.size() * 4), dcu_k(cu_k.size() * 4);
-  cuda_ok(cudaMemcpy(dq.ptr, q_img.data(), nq * 2, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemcpy(dk.ptr, k_img.data(), nk * 2, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemcpy(dv.ptr, v_img.data(), nk * 2, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemcpy(dcu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemcpy(dcu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
-
-  AttentionOptions opt;
-  opt.causal = c.causal;
-  opt.window_left = c.wl;
-  opt.window_right = c.wr;
-  opt.softcap = c.softcap;
-  opt.num_splits = c.num_splits;
-  opt.backend = Backend::cuda_sm90;
-  const TensorView tq = make_view(dq.ptr, c.dtype, sq, stq, gpu);
-  const TensorView tk = make_view(dk.ptr, c.dtype, sk, stk, gpu);
-  const TensorView tv = make_view(dv.ptr, c.dtype, sk, stk, gpu);
-  const TensorView tout = make_view(dout.ptr, c.dtype, sq, stq, gpu);
-  const std::vector<std::int64_t> lse_shape =
-      varlen ? std::vector<std::int64_t>{c.Hq, rows_q} : std::vector<std::int64_t>{B, c.Hq, c.Nq};
-  const std::vector<std::int64_t> lse_stride =
-      varlen ? std::vector<std::int64_t>{rows_q, 1}
-             : std::vector<std::int64_t>{std::int64_t(c.Hq) * c.Nq, c.Nq, 1};
-  const TensorView tlse = make_view(dlse.ptr, DType::fp32, lse_shape, lse_stride, gpu);
-  const TensorView tcu_q = make_view(dcu_q.ptr, DType::int32, {B + 1}, {1}, gpu);
-  const TensorView tcu_k = make_view(dcu_k.ptr, DType::int32, {B + 1}, {1}, gpu);
-
-  std::size_t ws_bytes = 0;
-  if (c.give_workspace && !varlen) ws_bytes = forward_workspace_size(tq, tk, tv, opt);
-  if (c.give_workspace && varlen && c.num_splits > 1)
-    ws_bytes = std::size_t(c.num_splits) * B * c.Hq * max_q * (c.D + 1) * 4;
-  DeviceBuffer ws(ws_bytes);
-
-  for (int rep = 0; rep < repeats; ++rep) {
-    // Poison: 0xFF.. is NaN in fp16, bf16 and fp32, so any element not written shows up.
-    cuda_ok(cudaMemset(dout.ptr, 0xFF, nq * 2));
-    cuda_ok(cudaMemset(dlse.ptr, 0xFF, rows_q * c.Hq * 4));
-    const Workspace w{ws.ptr, ws_bytes};
-    r.info = varlen ? forward_varlen(tq, tk, tv, tout, &tlse, tcu_q, tcu_k, max_q, max_k, opt,
-                                     nullptr, w)
-                    : forward(tq, tk, tv, tout, &tlse, opt, nullptr, w);
-    cuda_ok(cudaDeviceSynchronize());
-    std::vector<std::uint16_t> img(nq);
-    cuda_ok(cudaMemcpy(img.data(), dout.ptr, nq * 2, cudaMemcpyDeviceToHost));
-    r.out_bits.resize(nq);
-    for (std::int64_t i = 0; i < nq; ++i) r.out_bits[i] = img[offset(i, sq, stq)];
-  }
-  r.out.resize(nq);
-  for (std::int64_t i = 0; i < nq; ++i) r.out[i] = from_bits(c.dtype, r.out_bits[i]);
-  r.lse.resize(rows_q * c.Hq);
-  cuda_ok(cudaMemcpy(r.lse.data(), dlse.ptr, r.lse.size() * 4, cudaMemcpyDeviceToHost));
-
-  // Reference on dense fp32 host copies ([B, N, H, D] / [total, H, D], lse [B, H, N] / [H, total]).
-  r.ref_out.assign(nq, 0.f);
-  r.ref_lse.assign(rows_q * c.Hq, 0.f);
-  AttentionOptions ropt = opt;
-  ropt.backend = Backend::cpu_reference;
-  ropt.num_splits = 0;
-  auto host = [&](std::vector<float>& x, const std::vector<std::int64_t>& shp) {
-    TensorView t;
-    t.data = x.data();
-    t.dtype = DType::fp32;
-    t.rank = int(shp.size());
-    std::int64_t s = 1;
-    for (int i = t.rank - 1; i >= 0; --i) {
-      t.shape[i] = shp[i];
-      t.stride[i] = s;
-      s *= shp[i];
-    }
-    return t;
-  };
-  TensorView rq = host(q, sq), rk = host(k, sk), rv = host(v, sk), ro = host(r.ref_out, sq),
-             rl = host(r.ref_lse, lse_shape);
-  if (varlen) {
-    std::vector<int> cq = cu_q, ck = cu_k;
-    TensorView hcq = TensorView::contiguous(cq.data(), DType::int32, {B + 1});
-    TensorView hck = TensorView::contiguous(ck.data(), DType::int32, {B + 1});
-    forward_varlen(rq, rk, rv, ro, &rl, hcq, hck, max_q, max_k, ropt);
-  } else {
-    forward(rq, rk, rv, ro, &rl, ropt);
-  }
-}
-
-// Error bounds against the float64 reference, unit-variance inputs:
-//  out: the kernel rounds P to the input dtype before P V (as FlashAttention does) and rounds
-//  O to it at the end. bf16 has 8 significant bits: |O| up to ~3 rounds by up to ~0.008, plus
-//  P rounding (2^-9 relative per weight) -> 2e-2. fp16 has 11 bits -> 4e-3.
-//  lse: computed in fp32 from exactly the reference's inputs; the only error is fp32
-//  accumulation of the dot products and sums -> 1e-3 absolute (observed ~1e-5).
-double out_bound(DType t) { return t == DType::bf16 ? 2e-2 : 4e-3; }
-constexpr double kLseBound = 1e-3;
-
-void expect_close(const Case& c, const Result& r) {
-  SCOPED_TRACE(describe(c));
-  EXPECT_EQ(r.info.backend, c.expect);
-  const char* prefix = c.expect == Backend::cuda_sm90 ? "sm90_fwd_" : "sm80_fwd_";
-  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << r.info.kernel;
-  double max_out = 0, max_lse = 0;
-  std::int64_t bad = 0;
-  for (std::size_t i = 0; i < r.out.size(); ++i) {
-    const double e = std::fabs(double(r.out[i]) - r.ref_out[i]);
-    if (!(e <= out_bound(c.dtype))) ++bad;
-    if (e > max_out || e != e) max_out = e != e ? INFINITY : e;
-  }
-  for (std::size_t i = 0; i < r.lse.size(); ++i) {
-    if (std::isinf(r.ref_lse[i]) && r.ref_lse[i] < 0) {
-      if (!(std::isinf(r.lse[i]) && r.lse[i] < 0)) ++bad;
-      continue;
-    }
-    const double e = std::fabs(double(r.lse[i]) - r.ref_lse[i]);
-    if (!(e <= kLseBound)) ++bad;
-    if (e > max_lse || e != e) max_lse = e != e ? INFINITY : e;
-  }
-  EXPECT_EQ(bad, 0) << "max |out err| " << max_out << ", max |lse err| " << max_lse;
-}
-
-void check(const Case& c) {
-  Result r;
-  run_case(c, r);
-  expect_close(c, r);
-}
 
 // Why the sm90 suite cannot run here, or empty when it can.
 std::string sm90_skip_reason() {
@@ -303,14 +64,7 @@ class CudaSm90Forward : public ::testing::Test {
 };
 
 TEST_F(CudaSm90Forward, ReportsBackendAndKernel) {
-  Case c;
-  c.Nq = c.Nk = 64;
-  Result r;
-  run_case(c, r);
-  EXPECT_EQ(r.info.backend, Backend::cuda_sm90);
-  EXPECT_NE(std::string(r.info.kernel).find("sm90_fwd_bf16_hdim64"), std::string::npos)
-      << r.info.kernel;
-  EXPECT_EQ(r.info.num_splits, 1);
+  check_reports_backend_and_kernel(Sm90Case{}, "sm90_fwd_bf16_hdim64");
 }
 
 // The automatic backend picks sm90 only behind FLASHCPP_ENABLE_SM90=1 until it is the default.
@@ -321,60 +75,23 @@ TEST_F(CudaSm90Forward, AutomaticBackendFollowsTheSwitch) {
   EXPECT_EQ(select_backend(q), enabled ? Backend::cuda_sm90 : Backend::cuda_sm80);
 }
 
-TEST_F(CudaSm90Forward, EveryHeadDimAndDtype) {
-  for (DType t : {DType::bf16, DType::fp16})
-    for (int d : {32, 64, 80, 96, 128, 192, 256})
-      for (bool causal : {false, true}) {
-        Case c;
-        c.dtype = t;
-        c.D = d;
-        c.B = 2;
-        c.Hq = c.Hkv = 2;
-        c.Nq = 113;
-        c.Nk = 203;
-        c.causal = causal;
-        check(c);
-      }
-}
+TEST_F(CudaSm90Forward, EveryHeadDimAndDtype) { check_every_head_dim_and_dtype(Sm90Case{}); }
 
 // Lengths around and across the tile sizes (128 rows; 128 or 80 keys), Nq != Nk both ways,
 // and long enough for the K/V rings to wrap many times.
 TEST_F(CudaSm90Forward, SequenceLengths) {
-  const int pairs[][2] = {{1, 1},     {17, 17},    {113, 203},   {203, 113}, {128, 128},
-                          {129, 257}, {1000, 1000}, {1, 300},    {300, 1},   {700, 2100}};
   for (int d : {64, 128, 256})
-    for (auto [nq, nk] : pairs)
-      for (bool causal : {false, true}) {
-        Case c;
-        c.Nq = nq;
-        c.Nk = nk;
-        c.D = d;
-        c.Hq = 2;
-        c.Hkv = 2;
-        c.causal = causal;
-        check(c);
-      }
+    check_sequence_lengths(Sm90Case{}, d,
+                           {{1, 1}, {17, 17}, {113, 203}, {203, 113}, {128, 128}, {129, 257},
+                            {1000, 1000}, {1, 300}, {300, 1}, {700, 2100}});
 }
 
 TEST_F(CudaSm90Forward, WindowSoftcapGqaMqa) {
-  for (auto [hq, hkv] : {std::pair{8, 1}, {8, 8}, {16, 2}})
-    for (auto [wl, wr] : {std::pair{-1, -1}, {32, 0}, {17, 5}, {-1, 40}, {0, 0}})
-      for (float softcap : {0.f, 5.f}) {
-        Case c;
-        c.Hq = hq;
-        c.Hkv = hkv;
-        c.Nq = 150;
-        c.Nk = 260;
-        c.D = 64;
-        c.wl = wl;
-        c.wr = wr;
-        c.softcap = softcap;
-        check(c);
-      }
+  check_window_softcap_gqa_mqa(Sm90Case{});
   // Longer sequences: windows wider and narrower than a key block, so query tiles see masked
   // blocks on both sides of an unmasked band, or only masked blocks.
   for (auto [wl, wr] : {std::pair{300, 100}, {5, 5}, {130, 0}}) {
-    Case c;
+    Sm90Case c;
     c.Nq = 900;
     c.Nk = 1100;
     c.D = 128;
@@ -386,144 +103,31 @@ TEST_F(CudaSm90Forward, WindowSoftcapGqaMqa) {
   }
 }
 
-TEST_F(CudaSm90Forward, BhsdStrides) {
-  for (bool causal : {false, true}) {
-    Case c;
-    c.bhsd = true;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.Nq = 200;
-    c.Nk = 333;
-    c.D = 128;
-    c.causal = causal;
-    check(c);
-  }
-}
+TEST_F(CudaSm90Forward, BhsdStrides) { check_bhsd_strides(Sm90Case{}); }
 
 TEST_F(CudaSm90Forward, RowsWithoutVisibleKeysGiveZeroAndMinusInf) {
-  Case c;
-  c.Nq = 10;
-  c.Nk = 4;
-  c.causal = true;  // bottom-right: row i sees j <= i - 6, rows 0..5 see nothing
-  c.D = 64;
-  Result r;
-  run_case(c, r);
-  expect_close(c, r);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_TRUE(std::isinf(r.lse[i]) && r.lse[i] < 0) << "row " << i << " lse " << r.lse[i];
-    for (int d = 0; d < c.D; ++d) EXPECT_EQ(r.out[i * c.D + d], 0.f) << "row " << i;
-  }
+  check_rows_without_visible_keys(Sm90Case{});
 }
 
 // Not covered by sm90 yet: varlen and split-KV run on sm80, and RunInfo says so.
 TEST_F(CudaSm90Forward, VarlenAndSplitKvFallBackToSm80) {
-  for (bool causal : {false, true}) {
-    Case c;
-    c.seqlens_q = {17, 0, 130, 1, 64};
-    c.seqlens_k = {40, 5, 130, 0, 300};
-    c.Hq = 4;
-    c.Hkv = 1;
-    c.D = 64;
-    c.causal = causal;
-    c.expect = Backend::cuda_sm80;
-    check(c);
-  }
-  Case c;
-  c.B = 2;
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.Nq = 77;
-  c.Nk = 1000;
-  c.D = 128;
-  c.num_splits = 3;
-  c.expect = Backend::cuda_sm80;
-  Result r;
-  run_case(c, r);
-  expect_close(c, r);
-  EXPECT_EQ(r.info.num_splits, 3);
+  Sm90Case on_sm80;
+  on_sm80.expect = Backend::cuda_sm80;
+  check_varlen_with_empty_sequence(on_sm80);
+  check_split_kv_forced(on_sm80);
 
-  Case d;  // decode shape, heuristic splits: sm80 split-KV
-  d.Hq = d.Hkv = 2;
-  d.Nq = 1;
-  d.Nk = 8192;
-  d.D = 128;
+  Case d = decode_case(on_sm80);  // decode shape, heuristic splits: sm80 split-KV
   d.num_splits = 0;
-  d.expect = Backend::cuda_sm80;
-  Result rd;
-  run_case(d, rd);
-  expect_close(d, rd);
-  EXPECT_GT(rd.info.num_splits, 1);
+  EXPECT_GT(check(d).info.num_splits, 1);
 }
 
 TEST_F(CudaSm90Forward, RepeatedRunsBitwiseIdentical) {
-  for (int d : {64, 128, 256}) {
-    Case c;
-    c.B = 2;
-    c.Hq = 4;
-    c.Nq = 300;
-    c.Nk = 700;
-    c.D = d;
-    c.causal = true;
-    c.num_splits = 1;
-    Result a, b;
-    run_case(c, a);
-    run_case(c, b, 3);
-    EXPECT_EQ(a.out_bits, b.out_bits) << describe(c);
-    EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << describe(c);
-  }
+  for (int d : {64, 128, 256}) check_repeated_runs_bitwise_identical(Sm90Case{}, d);
 }
 
-// K/V batch 1 starts 2^31 + 64 elements after batch 0 (one 4 GiB buffer holds both, aliased
-// as K and V): the TMA descriptor's batch stride must carry the full 64-bit offset.
+// The TMA descriptor's batch stride must carry the full 64-bit offset.
 TEST_F(CudaSm90Forward, OffsetsBeyond2To31Elements) {
-  const int B = 2, Nq = 64, Nk = 200, H = 2, D = 64;
-  const std::int64_t batch_stride = (std::int64_t(1) << 31) + 64;
-  const std::int64_t kv_elems = batch_stride + std::int64_t(Nk) * H * D;
-  DeviceBuffer kv(kv_elems * 2);
-  if (!kv.ptr) GTEST_SKIP() << "could not allocate 4 GiB";
-  const DType t = DType::bf16;
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> q(std::int64_t(B) * Nq * H * D), k(std::int64_t(B) * Nk * H * D);
-  for (auto* x : {&q, &k})
-    for (float& e : *x) e = from_bits(t, to_bits(t, normal(rng)));
-  std::vector<std::uint16_t> qb(q.size()), kb(k.size());
-  for (std::size_t i = 0; i < q.size(); ++i) qb[i] = to_bits(t, q[i]);
-  for (std::size_t i = 0; i < k.size(); ++i) kb[i] = to_bits(t, k[i]);
-  const std::int64_t per_batch = std::int64_t(Nk) * H * D;
-  cuda_ok(cudaMemcpy(kv.ptr, kb.data(), per_batch * 2, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemcpy(static_cast<std::uint16_t*>(kv.ptr) + batch_stride, kb.data() + per_batch,
-                     per_batch * 2, cudaMemcpyHostToDevice));
-  DeviceBuffer dq(q.size() * 2), dout(q.size() * 2);
-  cuda_ok(cudaMemcpy(dq.ptr, qb.data(), q.size() * 2, cudaMemcpyHostToDevice));
-  cuda_ok(cudaMemset(dout.ptr, 0xFF, q.size() * 2));
-  const Device gpu = Device::cuda(0);
-  const TensorView tq = TensorView::contiguous(dq.ptr, t, {B, Nq, H, D}, gpu);
-  const TensorView tkv =
-      TensorView::strided(kv.ptr, t, {B, Nk, H, D}, {batch_stride, H * D, D, 1}, gpu);
-  const TensorView tout = TensorView::contiguous(dout.ptr, t, {B, Nq, H, D}, gpu);
-  AttentionOptions opt;
-  opt.backend = Backend::cuda_sm90;
-  const RunInfo info = forward(tq, tkv, tkv, tout, nullptr, opt);
-  cuda_ok(cudaDeviceSynchronize());
-  EXPECT_EQ(info.backend, Backend::cuda_sm90);
-  std::vector<std::uint16_t> ob(q.size());
-  cuda_ok(cudaMemcpy(ob.data(), dout.ptr, ob.size() * 2, cudaMemcpyDeviceToHost));
-
-  std::vector<float> ref(q.size());
-  AttentionOptions ropt;
-  ropt.backend = Backend::cpu_reference;
-  forward(TensorView::contiguous(q.data(), DType::fp32, {B, Nq, H, D}),
-          TensorView::contiguous(k.data(), DType::fp32, {B, Nk, H, D}),
-          TensorView::contiguous(k.data(), DType::fp32, {B, Nk, H, D}),
-          TensorView::contiguous(ref.data(), DType::fp32, {B, Nq, H, D}), nullptr, ropt);
-  double max_err = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double e = std::fabs(double(from_bits(t, ob[i])) - ref[i]);
-    max_err = e != e ? INFINITY : std::max(max_err, e);
-  }
-  EXPECT_LE(max_err, out_bound(t));
+  check_offsets_beyond_2to31_elements(Backend::cuda_sm90, Backend::cuda_sm90);
 }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
