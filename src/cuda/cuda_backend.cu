@@ -201,8 +201,8 @@ Backend choose_forward_backend(const ForwardParams& params, Backend requested) {
     throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
                 std::to_string(dev.major) + std::to_string(dev.minor) +
                 ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
-  // sm90a kernels run on explicit request, or on automatic once FLASHCPP_ENABLE_SM90=1 (until
-  // they are the tested default); what they do not cover falls back to sm80.
+  // sm90a kernels run on Hopper for an explicit request, and for automatic unless
+  // FLASHCPP_DISABLE_SM90=1; what they do not cover falls back to sm80.
   if (requested == Backend::cuda_sm90) {
     if (!is_sm90(dev))
       throw Error("cuda_sm90 backend: device " + std::to_string(params.device) + " (" + dev.name +
@@ -213,10 +213,10 @@ Backend choose_forward_backend(const ForwardParams& params, Backend requested) {
                   "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
   }
   if ((requested == Backend::cuda_sm90 ||
-       (requested == Backend::automatic && sm90::enabled_by_env())) &&
+       (requested == Backend::automatic && !sm90::disabled_by_env())) &&
       is_sm90(dev) && sm90_runs(params))
     return Backend::cuda_sm90;
-  // automatic on sm90 falls back to the sm80 (mma.sync) kernels, which carry sm_90 SASS.
+  // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   check_sm80_supported(params);
   return Backend::cuda_sm80;
 }

@@ -1,5 +1,6 @@
 // CUDA sm80 forward against the float64 reference (Backend::cpu_reference on host copies of
-// the same rounded inputs), with the automatic backend. Every test skips when no GPU is present
+// the same rounded inputs), with Backend::cuda_sm80 requested (on Hopper the automatic backend
+// takes the sm90 kernels, tested in cuda_sm90_forward_test.cpp). Every test skips when no GPU is present
 // (CI has none). The harness and the checks shared with cuda_sm90_forward_test.cpp are in
 // cuda_test_harness.hpp.
 #include <gtest/gtest.h>
@@ -94,7 +95,7 @@ TEST_F(CudaForward, RepeatedRunsBitwiseIdentical) {
 
 // Element offsets that wrap in int32 would read batch 0 or fault.
 TEST_F(CudaForward, OffsetsBeyond2To31Elements) {
-  check_offsets_beyond_2to31_elements(Backend::automatic, Backend::cuda_sm80);
+  check_offsets_beyond_2to31_elements(Backend::cuda_sm80, Backend::cuda_sm80);
 }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing

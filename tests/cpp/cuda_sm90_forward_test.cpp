@@ -67,12 +67,12 @@ TEST_F(CudaSm90Forward, ReportsBackendAndKernel) {
   check_reports_backend_and_kernel(Sm90Case{}, "sm90_fwd_bf16_hdim64");
 }
 
-// The automatic backend picks sm90 only behind FLASHCPP_ENABLE_SM90=1 until it is the default.
+// The automatic backend picks sm90 on Hopper unless FLASHCPP_DISABLE_SM90=1.
 TEST_F(CudaSm90Forward, AutomaticBackendFollowsTheSwitch) {
   TensorView q = TensorView::contiguous(nullptr, DType::bf16, {1, 128, 1, 128}, Device::cuda(0));
-  const char* env = std::getenv("FLASHCPP_ENABLE_SM90");
-  const bool enabled = env != nullptr && std::string(env) == "1";
-  EXPECT_EQ(select_backend(q), enabled ? Backend::cuda_sm90 : Backend::cuda_sm80);
+  const char* env = std::getenv("FLASHCPP_DISABLE_SM90");
+  const bool disabled = env != nullptr && std::string(env) == "1";
+  EXPECT_EQ(select_backend(q), disabled ? Backend::cuda_sm80 : Backend::cuda_sm90);
 }
 
 TEST_F(CudaSm90Forward, EveryHeadDimAndDtype) { check_every_head_dim_and_dtype(Sm90Case{}); }

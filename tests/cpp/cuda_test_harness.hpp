@@ -63,7 +63,7 @@ struct Case {
   // The backend the call requests (AttentionOptions::backend), and the one it must report:
   // expect_close checks RunInfo's backend and that the kernel's name starts "sm80_fwd_" or
   // "sm90_fwd_" accordingly.
-  Backend backend = Backend::automatic;
+  Backend backend = Backend::cuda_sm80;
   Backend expect = Backend::cuda_sm80;
 };
 

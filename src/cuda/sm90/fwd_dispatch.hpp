@@ -49,14 +49,15 @@ inline const Kernel* find_kernel(const ForwardParams& p) {
   return best;
 }
 
-// FLASHCPP_ENABLE_SM90=1 lets the automatic backend choose the sm90 kernels on Hopper (read
-// once). Without it only an explicit Backend::cuda_sm90 request runs them.
-inline bool enabled_by_env() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("FLASHCPP_ENABLE_SM90");
+// The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
+// makes it take the sm80 kernels instead, e.g. to compare the two or to rule one out.
+// An explicit Backend::cuda_sm90 request runs them either way.
+inline bool disabled_by_env() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("FLASHCPP_DISABLE_SM90");
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
-  return enabled;
+  return disabled;
 }
 
 inline bool tma_compatible(const void* ptr, const Strides& s) {
