@@ -18,6 +18,20 @@ __forceinline__ __device__ float fast_exp2(float x) {
   return y;
 }
 
+// Reduction of N values in four interleaved chains, combined at the end: N/4 + 2 dependent
+// steps instead of N - 1. The row max and row sum of a thread's S row were serial chains (15
+// dependent FMNMX / FADD at d128), and fixed-latency dependencies were 38% of the d128
+// kernel's stall cycles. (A full pairwise tree raised the d64 128x128 spills from 36/64 B
+// to 176/152 B.)
+template <int N, class Op>
+__forceinline__ __device__ float chain4_reduce(const float (&t)[N], Op op) {
+  static_assert(N % 4 == 0);
+  float a[4] = {t[0], t[1], t[2], t[3]};
+#pragma unroll
+  for (int c = 4; c < N; ++c) a[c % 4] = op(a[c % 4], t[c]);
+  return op(op(a[0], a[1]), op(a[2], a[3]));
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];
@@ -46,14 +60,15 @@ struct OnlineSoftmax {
   template <bool kCheckInf, class TensorS, class TensorO>
   __forceinline__ __device__ void update(TensorS& s, TensorO& o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
+    constexpr int kCols = decltype(size<1>(s))::value;
     float block_max[kRows];
     bool grow = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float m = s(r, 0);
+      float t[kCols];
 #pragma unroll
-      for (int c = 1; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      block_max[r] = quad_max(m);
+      for (int c = 0; c < kCols; ++c) t[c] = s(r, c);
+      block_max[r] = quad_max(chain4_reduce(t, [](float a, float b) { return fmaxf(a, b); }));
       // -inf - -inf = NaN compares false: a row that has still seen no key needs nothing;
       // the first visible keys of a row give +inf.
       grow |= (block_max[r] - row_max[r]) * scale_log2 > kMaxGrowthLog2;
@@ -77,14 +92,13 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       const float m_scaled =
           (kCheckInf && row_max[r] == -INFINITY) ? 0.f : row_max[r] * scale_log2;
-      float sum = 0.f;
+      float t[kCols];
 #pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) {
-        const float p = fast_exp2(s(r, c) * scale_log2 - m_scaled);
-        s(r, c) = p;
-        sum += p;
+      for (int c = 0; c < kCols; ++c) {
+        s(r, c) = fast_exp2(s(r, c) * scale_log2 - m_scaled);
+        t[c] = s(r, c);
       }
-      row_sum[r] += sum;
+      row_sum[r] += chain4_reduce(t, [](float a, float b) { return a + b; });
     }
   }
 

@@ -13,6 +13,7 @@ struct FwdTile {
   int block_m;   // query rows per CTA
   int block_n;   // keys per main-loop iteration
   int warps;     // warps per CTA; each warp owns block_m / warps rows
+  int kv_stages; // K/V shared-memory buffers: 1, or 2 (loads of block n+1 during block n)
 };
 
 inline constexpr FwdTile kSm80FwdTiles[] = {
@@ -21,14 +22,21 @@ inline constexpr FwdTile kSm80FwdTiles[] = {
     // d64: 128x128 (FA2's choice; acc_s 128 + acc_o 64 floats): 330 TFLOP/s against 308 for
     // 128x64 on an H200 (B=4, N=4096, non-causal; 295 vs 284 causal), 36 B of spills on sm_90.
     // (Before the separate masked/unmasked loops it spilled 716 B and ran at 86 TFLOP/s.)
-    {32, 128, 64, 4},
-    {64, 128, 128, 4},
-    {96, 128, 64, 4},
-    {128, 128, 64, 4},
+    // One K/V buffer up to d128: two CTAs per SM already overlap one CTA's loads with the
+    // other's products, and two buffers cost registers (d128: spills 40 -> 204 B) and speed
+    // (H200, non-causal / causal: d128 354 / 308 with one, 344 / 297 with two; d64 321 / 288
+    // with one, 326 / 282 with two).
+    {32, 128, 64, 4, 1},
+    {64, 128, 128, 4, 1},
+    {96, 128, 64, 4, 1},
+    {128, 128, 64, 4, 1},
     // d192/d256: 8 warps so acc_o stays at 96/128 floats per thread. d256 64x64 with 4 warps
     // (2 CTAs per SM, FA2's H100 choice) ran at 295 TFLOP/s against 315 for this.
-    {192, 128, 64, 8},
-    {256, 128, 64, 8},
+    // One CTA of 8 warps per SM: with a single K/V buffer all warps of the SM waited for the
+    // V load together; two buffers (192 KB) give the loads a whole block to land: d256 316 /
+    // 270 TFLOP/s against 307 / 263 with one (H200, non-causal / causal).
+    {192, 128, 64, 8, 2},
+    {256, 128, 64, 8, 2},
 };
 
 // The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
@@ -36,12 +44,12 @@ inline constexpr FwdTile kSm80FwdTiles[] = {
 constexpr FwdTile sm80_fwd_tile(int head_dim) {
   for (const FwdTile& t : kSm80FwdTiles)
     if (t.head_dim >= head_dim) return t;
-  return {0, 0, 0, 0};
+  return {0, 0, 0, 0, 0};
 }
 
-// Shared memory of one forward CTA: Q tile + one K tile + one V tile (the O tile reuses Q).
+// Shared memory of one forward CTA: Q tile + kv_stages K and V tiles (the O tile reuses Q).
 constexpr int sm80_fwd_smem_bytes(FwdTile t, int element_bytes) {
-  return (t.block_m + 2 * t.block_n) * t.head_dim * element_bytes;
+  return (t.block_m + 2 * t.kv_stages * t.block_n) * t.head_dim * element_bytes;
 }
 
 }  // namespace flashcpp::detail::cuda

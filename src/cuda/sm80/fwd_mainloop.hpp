@@ -24,6 +24,7 @@ struct FwdMainloop {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kKVStages = Traits::kKVStages;
 
   // Runs key blocks [range.begin, range.end) (non-empty) of query tile m_block and leaves the
   // unnormalised O in acc_o and the row statistics in softmax.
@@ -48,11 +49,12 @@ struct FwdMainloop {
     const TileLoader<Traits> load_k_tile(k_base, p.k_stride.row, kBlockN, p.head_dim, tid);
     const TileLoader<Traits> load_v_tile(v_base, p.v_stride.row, kBlockN, p.head_dim_v, tid);
 
-    // ---- shared memory: Q | K | V ----
+    // ---- shared memory: Q | K[kKVStages] | V[kKVStages] (step i uses buffer i % stages) ----
     Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
                             typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
-    Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+    constexpr int kKVTile = decltype(size(sK))::value;
+    Tensor sV = make_tensor(sK.data() + kKVStages * kKVTile, typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
     Tensor sVtNoSwizzle =
         make_tensor(make_smem_ptr(sV.data().get()), typename Traits::SmemLayoutVtNoSwizzle{});
@@ -79,10 +81,21 @@ struct FwdMainloop {
     auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
     Tensor tOsVt = smem_thr_v.partition_S(sVt);
 
+    // Buffer `b` of a K/V partition: the same per-thread layout moved by whole tiles (a
+    // multiple of the swizzle period, so the bank pattern is unchanged). With a run-time b,
+    // CuTe re-applies the swizzle to the moved address: ~2 more instructions per 16-byte
+    // chunk and ldmatrix slice, and registers (one of the costs of two buffers at d128).
+    auto buf = [&](auto const& t, int b) { return make_tensor(t.data() + b * kKVTile, t.layout()); };
     // Rows past seqlen_k are zero-filled. (An unpredicated fast path for full blocks raised
     // the spills at d128 from 180 B to 636 B with nvcc 13.)
-    auto load_k = [&](int n) { load_k_tile(tKsK, n, seq.seqlen_k - n * kBlockN); };
-    auto load_v = [&](int n) { load_v_tile(tVsV, n, seq.seqlen_k - n * kBlockN); };
+    auto load_k = [&](int n, int b) {
+      auto dst = buf(tKsK, b);
+      load_k_tile(dst, n, seq.seqlen_k - n * kBlockN);
+    };
+    auto load_v = [&](int n, int b) {
+      auto dst = buf(tVsV, b);
+      load_v_tile(dst, n, seq.seqlen_k - n * kBlockN);
+    };
 
     // ---- block order: masked blocks first, then the unmasked band ----
     // Masked: right of the band (partial last block, causal/window diagonal), then left of it
@@ -100,24 +113,40 @@ struct FwdMainloop {
                          : (i < n_masked ? band_begin - 1 - (i - n_right) : band_end - 1 - (i - n_masked));
     };
 
-    // ---- prologue: Q and the first K block ----
+    // ---- prologue: Q and the first K (and V) block ----
     load_q(tQsQ, 0, seq.seqlen_q - m0);
-    load_k(block_at(0));
+    load_k(block_at(0), 0);
+    if constexpr (kKVStages == 2) load_v(block_at(0), 0);
     cp_async_fence();
 
-    // Overlap: the V load of block n is issued before S_n is computed, and the K load of the
-    // next block right after S_n is consumed, so each copy hides behind a product.
+    // Pipeline.
+    // Two buffers, one barrier per block: at the top of step i, K_i/V_i are waited for and
+    // made visible by the barrier, which also tells that every warp is done with step i - 1,
+    // so its buffers take the loads of block i + 1 at once; those get all of step i to land.
+    // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
+    // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
+    // product (the softmax waits for V_i).
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const int n = block_at(i);
+      const int b = kKVStages == 2 ? (i & 1) : 0;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      cp_async_wait<0>();  // K_n (and Q) landed
-      __syncthreads();     // ... for every thread; V buffer free (previous P V done)
-      load_v(n);
-      cp_async_fence();
+      cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
+      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
+      if constexpr (kKVStages == 2) {
+        if (i + 1 < n_total) {
+          load_k(block_at(i + 1), b ^ 1);
+          load_v(block_at(i + 1), b ^ 1);
+          cp_async_fence();
+        }
+      } else {
+        load_v(n, 0);
+        cp_async_fence();
+      }
 
-      gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k,
+      auto tSsK_b = buf(tSsK, b);
+      gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK_b, smem_copy_q, smem_copy_k,
                      smem_thr_q, smem_thr_k);
 
       if constexpr (kSoftcap) {
@@ -143,11 +172,13 @@ struct FwdMainloop {
         }
       }
 
-      cp_async_wait<0>();  // V_n landed
-      __syncthreads();     // ... for every thread; K buffer free (S_n done everywhere)
-      if (i + 1 < n_total) {
-        load_k(block_at(i + 1));
-        cp_async_fence();
+      if constexpr (kKVStages == 1) {
+        cp_async_wait<0>();  // V_i landed
+        __syncthreads();     // ... for every thread; K buffer free (S_i done everywhere)
+        if (i + 1 < n_total) {
+          load_k(block_at(i + 1), 0);
+          cp_async_fence();
+        }
       }
 
       Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
@@ -155,7 +186,8 @@ struct FwdMainloop {
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
-      gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_v);
+      auto tOsVt_b = buf(tOsVt, b);
+      gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
     };
     int i = 0;
     for (; i < n_masked; ++i) step(i, cute::true_type{});

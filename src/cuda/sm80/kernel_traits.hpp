@@ -22,6 +22,8 @@ struct FwdTraits {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
   static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kKVStages = kTile.kv_stages;
+  static_assert(kKVStages == 1 || kKVStages == 2);
   static_assert(kBlockM % (16 * kNWarps) == 0);
 
   // m16n8k16 with fp32 accumulation; warps stacked along M (each owns whole rows, so row

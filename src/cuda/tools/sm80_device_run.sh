@@ -1,12 +1,14 @@
 #!/bin/bash
 # One device-machine call for the sm80 forward (docs/perf-notes-sm80.md): the CUDA forward
 # tests, the TFLOP/s probe next to PyTorch's FA2 in the same run, an optional tile-variant
-# probe, and Nsight Compute on d128 (ours and FA2's kernel). Logs go to $OUT; the table last.
+# probe, and Nsight Compute on our kernel for the head dims in $NCU_DIMS (default 128; FA2's
+# d128 kernel too when NCU_FA2 is set). Logs go to $OUT; the table last.
 #
 # Binaries prebuilt on the development machine (same nvcc 13.0, -DFLASHCPP_CUDA_ARCHS=90) are
 # taken from $BIN when they start there; otherwise they are built here with the configure of
 # the issue (ARCHS "80;90a", falling back to "80;90" if the sm90a sources do not compile).
 #   $BIN/flashcpp_tests, $BIN/flashcpp_fwd_tflops, optional $BIN/flashcpp_fwd_tflops_variant
+#   and $BIN/flashcpp_tests_variant (another tile table, built from a patched copy)
 set -u
 OUT=${OUT:-/tmp/sm80_out}
 BIN=${BIN:-.gpubin}
@@ -34,21 +36,29 @@ fi
 timeout 300 "$T" --gtest_filter='CudaForward*' > "$OUT/tests.log" 2>&1
 echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED' "$OUT/tests.log" | head -20
+if [ -n "$PV" ] && [ -x "$BIN/flashcpp_tests_variant" ]; then
+  timeout 200 "$BIN/flashcpp_tests_variant" --gtest_filter='CudaForward*' > "$OUT/tests_variant.log" 2>&1
+  echo "variant tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests_variant.log" | tr '\n' ' ')"
+fi
 
 "$P" > "$OUT/tflops.csv" 2>&1
 python3 src/cuda/tools/torch_fa2_tflops.py > "$OUT/fa2.csv" 2>&1
-[ -n "$PV" ] && [ -x "$PV" ] && "$PV" 64 256 > "$OUT/tflops_variant.csv" 2>&1
-"$P" 128 > "$OUT/tflops_repeat.csv" 2>&1
+[ -n "$PV" ] && [ -x "$PV" ] && "$PV" > "$OUT/tflops_variant.csv" 2>&1
+"$P" > "$OUT/tflops_repeat.csv" 2>&1
 
-METRICS=smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
-timeout 150 ncu --clock-control none -k regex:fwd_kernel --launch-skip 5 --launch-count 1 \
-  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section MemoryWorkloadAnalysis --section InstructionStats --metrics "$METRICS" \
-  "$P" 128 > "$OUT/ncu_d128.txt" 2>&1
-# FA2's d128 non-causal kernel: 2 cases x 35 launches of d64 come first.
-timeout 120 ncu --clock-control none -k regex:flash_fwd --launch-skip 75 --launch-count 1 \
-  --section SpeedOfLight --section WarpStateStats --section InstructionStats --metrics "$METRICS" \
-  python3 src/cuda/tools/torch_fa2_tflops.py > "$OUT/ncu_fa2_d128.txt" 2>&1
+METRICS=smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed
+for D in ${NCU_DIMS:-128}; do
+  timeout 150 ncu --clock-control none -k regex:fwd_kernel --launch-skip 5 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section InstructionStats --metrics "$METRICS" \
+    "$P" "$D" > "$OUT/ncu_d$D.txt" 2>&1
+done
+if [ -n "${NCU_FA2:-}" ]; then
+  # FA2's d128 non-causal kernel: 2 cases x 35 launches of d64 come first.
+  timeout 120 ncu --clock-control none -k regex:flash_fwd --launch-skip 75 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section InstructionStats --metrics "$METRICS" \
+    python3 src/cuda/tools/torch_fa2_tflops.py > "$OUT/ncu_fa2_d128.txt" 2>&1
+fi
 
 python3 - "$OUT" <<'EOF'
 import csv, os, re, sys
@@ -61,10 +71,10 @@ ours = {(int(r["D"]), int(r["causal"])): r for r in rows("tflops.csv") if r.get(
 fa2 = {(int(r["D"]), int(r["causal"])): float(r["tflops"]) for r in rows("fa2.csv") if r.get("tflops")}
 var = {(int(r["D"]), int(r["causal"])): r for r in rows("tflops_variant.csv") if r.get("tflops")}
 rep = {(int(r["D"]), int(r["causal"])): float(r["tflops"]) for r in rows("tflops_repeat.csv") if r.get("tflops")}
-for name in ("ncu_d128.txt", "ncu_fa2_d128.txt"):
+for name in sorted(n for n in os.listdir(out) if n.startswith("ncu_")):
     path = os.path.join(out, name)
     if not os.path.exists(path): continue
-    keep = [l.rstrip() for l in open(path) if re.search(r"Duration|Registers Per|Achieved Occ|Theoretical Occ|Issue Slots Busy|Executed Ipc A|smsp__inst_executed.sum|hmma|local_op|bank_conflicts|No Eligible|Compute \(SM\) Thr|DRAM Thr|Warp Cycles Per Issued|==ERR|error", l)]
+    keep = [l.rstrip() for l in open(path) if re.search(r"Duration|Registers Per|Achieved Occ|smsp__inst_executed.sum|issue_active|hmma|local_op|mem_shared|Warp Cycles Per Issued|L1/TEX Cache|==ERR|error", l)]
     print(f"--- {name}"); print("\n".join(keep[:24]))
 print(f"device: {open(os.path.join(out, 'device.txt')).read().strip()}")
 print("D  causal  flashcpp  fa2    ratio  repeat  variant(kernel: tflops)")
