@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device-machine call for the sm80 forward (docs/perf-notes-sm80.md): the CUDA forward
 # tests, the TFLOP/s probe next to PyTorch's FA2 in the same run, an optional tile-variant
-# probe, and Nsight Compute on our kernel for the head dims in $NCU_DIMS (default 128; FA2's
-# d128 kernel too when NCU_FA2 is set). Logs go to $OUT; the table last.
+# probe, and Nsight Compute on our kernel for the head dims in $NCU_DIMS (default 128, empty:
+# none; FA2's d128 kernel too when NCU_FA2 is set). FLASHCPP_PROBE_N=1024,4096 sweeps N
+# (B = 16384 / N) in both probes. Logs go to $OUT; the table last.
 #
 # Binaries prebuilt on the development machine (same nvcc 13.0, -DFLASHCPP_CUDA_ARCHS=90) are
 # taken from $BIN when they start there; otherwise they are built here with the configure of
@@ -47,7 +48,7 @@ python3 src/cuda/tools/torch_fa2_tflops.py > "$OUT/fa2.csv" 2>&1
 "$P" > "$OUT/tflops_repeat.csv" 2>&1
 
 METRICS=smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed
-for D in ${NCU_DIMS:-128}; do
+for D in ${NCU_DIMS-128}; do
   timeout 150 ncu --clock-control none -k regex:fwd_kernel --launch-skip 5 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section InstructionStats --metrics "$METRICS" \
@@ -67,21 +68,21 @@ def rows(name):
     path = os.path.join(out, name)
     if not os.path.exists(path): return []
     return [r for r in csv.DictReader(l for l in open(path) if "," in l)]
-ours = {(int(r["D"]), int(r["causal"])): r for r in rows("tflops.csv") if r.get("tflops")}
-fa2 = {(int(r["D"]), int(r["causal"])): float(r["tflops"]) for r in rows("fa2.csv") if r.get("tflops")}
-var = {(int(r["D"]), int(r["causal"])): r for r in rows("tflops_variant.csv") if r.get("tflops")}
-rep = {(int(r["D"]), int(r["causal"])): float(r["tflops"]) for r in rows("tflops_repeat.csv") if r.get("tflops")}
+def key(r): return (int(r.get("N", 4096)), int(r["D"]), int(r["causal"]))
+ours = {key(r): r for r in rows("tflops.csv") if r.get("tflops")}
+fa2 = {key(r): float(r["tflops"]) for r in rows("fa2.csv") if r.get("tflops")}
+var = {key(r): r for r in rows("tflops_variant.csv") if r.get("tflops")}
+rep = {key(r): float(r["tflops"]) for r in rows("tflops_repeat.csv") if r.get("tflops")}
 for name in sorted(n for n in os.listdir(out) if n.startswith("ncu_")):
     path = os.path.join(out, name)
-    if not os.path.exists(path): continue
     keep = [l.rstrip() for l in open(path) if re.search(r"Duration|Registers Per|Achieved Occ|smsp__inst_executed.sum|issue_active|hmma|local_op|mem_shared|Warp Cycles Per Issued|L1/TEX Cache|==ERR|error", l)]
     print(f"--- {name}"); print("\n".join(keep[:24]))
 print(f"device: {open(os.path.join(out, 'device.txt')).read().strip()}")
-print("D  causal  flashcpp  fa2    ratio  repeat  variant(kernel: tflops)")
-for key in sorted(ours):
-    o = float(ours[key]["tflops"]); f = fa2.get(key, float("nan"))
-    v = var.get(key)
+print("N     D    causal  flashcpp  fa2     ratio  repeat  variant(kernel: tflops)")
+for k in sorted(ours):
+    o = float(ours[k]["tflops"]); f = fa2.get(k, float("nan"))
+    v = var.get(k)
     vs = f"{v['kernel']}: {float(v['tflops']):.1f}" if v else ""
-    print(f"{key[0]:<3}{key[1]:<8}{o:<10.1f}{f:<7.1f}{o / f:<7.2f}{rep.get(key, float('nan')):<8.1f}{vs}")
+    print(f"{k[0]:<6}{k[1]:<5}{k[2]:<8}{o:<10.1f}{f:<8.1f}{o / f:<7.2f}{rep.get(k, float('nan')):<8.1f}{vs}")
 print("kernels:", sorted({r["kernel"] for r in ours.values()}))
 EOF
