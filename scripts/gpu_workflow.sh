@@ -68,7 +68,8 @@ stage_bench() {
 
 stage_ladder() {
   PYTHONPATH="$root/$build/python" "$python" bench/ladder/ladder_compare.py \
-    --binary "$build/bench/ladder/flashcpp-ladder" --out "$out/ladder"
+    --ladder-bin "$build/bench/ladder/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
+    --out "$out/ladder"
 }
 
 {
