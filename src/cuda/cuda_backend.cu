@@ -16,6 +16,8 @@
 #include "cuda/common/fwd_params.hpp"
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/common/tile_table.hpp"
+#include "cuda/common/bwd_params.hpp"
+#include "cuda/sm80/bwd_registry.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
@@ -184,6 +186,31 @@ RunInfo forward_sm90(const ForwardParams& params, Stream stream) {
   return {Backend::cuda_sm90, sm90::kernel_name(kernel), 1};
 }
 
+// ---- the sm80 backward registry ----
+struct Sm80BwdKernel {
+  ElementType dtype;
+  int head_dim;
+  sm80::BwdEntry entry;
+};
+
+#define FLASHCPP_SM80_BWD(dtype, hdim) {ElementType::dtype, hdim, &sm80::bwd_##dtype##_hdim##hdim},
+constexpr Sm80BwdKernel kSm80BwdKernels[] = {
+#include "bwd_sm80_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM80_BWD
+
+// Stable storage for a kernel name handed out in RunInfo.
+const char* intern_name(const std::string& name) {
+  static std::mutex mutex;
+  static std::deque<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const std::string& n : names)
+    if (n == name) return n.c_str();
+  names.push_back(name);
+  return names.back().c_str();
+}
+
 }  // namespace
 
 int device_count() {
@@ -276,18 +303,88 @@ RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Wor
 }
 
 std::size_t backward_workspace_size(const ForwardParams& params, Backend backend) {
-  (void)params;
   (void)backend;
-  throw Error("cuda backward: not implemented yet (GPU backward kernels are a later issue)");
+  return std::size_t(bwd_workspace_bytes(params));
 }
 
 RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
                  Workspace workspace) {
-  (void)params;
-  (void)backend;
-  (void)stream;
-  (void)workspace;
-  throw Error("cuda backward: not implemented yet (GPU backward kernels are a later issue)");
+  if (backend == Backend::cuda_sm90)
+    throw Error("cuda_sm90 backend: no sm90a backward kernel yet; request cuda_sm80 or automatic "
+                "(the sm80 backward runs on Hopper)");
+  const DeviceInfo& dev = device_info(params.device);
+  if (dev.major < 8)
+    throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
+                std::to_string(dev.major) + std::to_string(dev.minor) +
+                ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
+  if (params.is_varlen()) throw Error("cuda backward: varlen not supported yet");
+  if (params.deterministic)
+    throw Error("cuda backward: deterministic mode not implemented yet");
+  if (params.head_dim_v != params.head_dim)
+    throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
+                ") different from head_dim (" + std::to_string(params.head_dim) +
+                ") is not supported yet");
+  if (params.dtype != ElementType::fp16 && params.dtype != ElementType::bf16)
+    throw Error(std::string("cuda backward: dtype ") + element_name(params.dtype) +
+                " is not supported (supported: fp16, bf16)");
+  if (params.head_dim > 128)
+    throw Error("cuda backward: head dim " + std::to_string(params.head_dim) +
+                " is not supported yet (the sm80 backward covers head dims up to 128)");
+  const Sm80BwdKernel* kernel = nullptr;
+  for (const Sm80BwdKernel& k : kSm80BwdKernels)
+    if (k.entry && k.dtype == params.dtype && k.head_dim >= params.head_dim &&
+        (!kernel || k.head_dim < kernel->head_dim))
+      kernel = &k;
+  if (!kernel)
+    throw Error("cuda backward: no sm80 backward kernel for head dim " +
+                std::to_string(params.head_dim) + " " + element_name(params.dtype) +
+                " in this build (backward instantiations: head dims 32, 64, 96, 128 of "
+                "-DFLASHCPP_HEAD_DIMS, dtypes of -DFLASHCPP_DTYPES)");
+  const std::string name = std::string("sm80_bwd_") + element_name(params.dtype) + "_hdim" +
+                           std::to_string(kernel->head_dim) + "_64x64_8w";
+  const char* kname = intern_name(name);
+  if (params.batch == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
+    return {Backend::cuda_sm80, kname, 1};
+
+  const std::uint64_t need = bwd_workspace_bytes(params);
+  if (need > 0 && (workspace.data == nullptr || workspace.bytes < need))
+    throw Error("workspace: needs " + std::to_string(need) + " bytes, got " +
+                std::to_string(workspace.data ? workspace.bytes : 0));
+
+  BwdKernelParams kp;
+  kp.p = params;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (params.softcap > 0.f) {
+    kp.softcap_in_scale = params.scale / params.softcap;
+    kp.scale_log2 = params.softcap * kLog2e;
+  } else {
+    kp.scale_log2 = params.scale * kLog2e;
+  }
+  const std::int64_t rows = bwd_rows(params);
+  kp.dq_accum = static_cast<float*>(workspace.data);
+  kp.dsum = kp.dq_accum + rows * params.head_dim;
+  kp.lse_log2 = kp.dsum + rows;
+  kp.num_n_blocks = (params.seqlen_k + 63) / 64;
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
+  auto strided8 = [](const Strides& st) {
+    return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
+  };
+  kp.vec8 = params.head_dim % 8 == 0 && aligned(params.q) && aligned(params.k) &&
+            aligned(params.v) && aligned(params.dout) && strided8(params.q_stride) &&
+            strided8(params.k_stride) && strided8(params.v_stride) &&
+            strided8(params.dout_stride);
+
+  int current = 0;
+  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
+  try {
+    kernel->entry(kp, reinterpret_cast<cudaStream_t>(stream));
+  } catch (...) {
+    if (current != params.device) cudaSetDevice(current);
+    throw;
+  }
+  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  return {Backend::cuda_sm80, kname, 1};
 }
 
 }  // namespace flashcpp::detail::cuda
