@@ -68,7 +68,7 @@ stage_bench() {
 
 stage_ladder() {
   PYTHONPATH="$root/$build/python" "$python" bench/ladder/ladder_compare.py \
-    --ladder-bin "$build/bench/ladder/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
+    --ladder-bin "$build/src/cuda/ladder/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
     --out "$out/ladder"
 }
 
