@@ -58,6 +58,22 @@ const DeviceInfo& device_info(int device) {
   return *cache[device];
 }
 
+// Runs `launch` with `device` current and gives the caller back its own device, on error too.
+template <class Launch>
+void launch_on_device(int device, Launch&& launch) {
+  int current = 0;
+  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current == device) return launch();
+  FLASHCPP_CUDA_CHECK(cudaSetDevice(device));
+  try {
+    launch();
+  } catch (...) {
+    cudaSetDevice(current);
+    throw;
+  }
+  FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+}
+
 // ---- the sm80 forward registry ----
 struct Sm80Kernel {
   ElementType dtype;
@@ -173,16 +189,8 @@ RunInfo forward_sm90(const ForwardParams& params, Stream stream) {
   kp.p = params;
   kp.num_m_blocks = sm90::num_m_blocks(params, kernel);
   fold_scales(kp);
-  int current = 0;
-  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
-  try {
-    kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream));
-  } catch (...) {
-    if (current != params.device) cudaSetDevice(current);
-    throw;
-  }
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  launch_on_device(params.device,
+                   [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm90, sm90::kernel_name(kernel), 1};
 }
 
@@ -289,16 +297,8 @@ RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Wor
   }
   fold_scales(kp);
 
-  int current = 0;
-  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
-  try {
-    kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream));
-  } catch (...) {
-    if (current != params.device) cudaSetDevice(current);
-    throw;
-  }
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  launch_on_device(params.device,
+                   [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm80, kernel_name(kernel, splits > 1), splits};
 }
 
@@ -374,16 +374,8 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
             strided8(params.k_stride) && strided8(params.v_stride) &&
             strided8(params.dout_stride);
 
-  int current = 0;
-  FLASHCPP_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(params.device));
-  try {
-    kernel->entry(kp, reinterpret_cast<cudaStream_t>(stream));
-  } catch (...) {
-    if (current != params.device) cudaSetDevice(current);
-    throw;
-  }
-  if (current != params.device) FLASHCPP_CUDA_CHECK(cudaSetDevice(current));
+  launch_on_device(params.device,
+                   [&] { kernel->entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm80, kname, 1};
 }
 
