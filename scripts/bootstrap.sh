@@ -17,6 +17,11 @@ if command -v dpkg-query >/dev/null 2>&1; then
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
 fi
+# Python with pip and venv (the CUTLASS download and the Python tests); a python3 that already
+# has both, e.g. a pyenv one, is used as it is.
+if ! { python3 -m pip --version && python3 -m venv --help; } >/dev/null 2>&1; then
+  missing+=(python3 python3-pip python3-venv)
+fi
 if ((${#missing[@]})); then
   echo "bootstrap: installing Debian packages: ${missing[*]}"
   sudo_cmd=""

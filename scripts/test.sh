@@ -10,7 +10,8 @@ jobs="$(nproc)"
 
 scripts/bootstrap.sh
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 &&
+  nvidia-smi -L >/dev/null 2>&1; then
   preset=gpu
 elif command -v nvcc >/dev/null 2>&1; then
   preset=ci

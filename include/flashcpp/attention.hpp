@@ -38,7 +38,15 @@ bool cuda_available();
 std::size_t forward_workspace_size(const TensorView& q, const TensorView& k,
                                    const TensorView& v, const AttentionOptions& options = {});
 
+// The same for a varlen call (cu_seqlens on the tensors' device; nothing is read from them).
+std::size_t forward_varlen_workspace_size(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& cu_seqlens_q,
+                                          const TensorView& cu_seqlens_k, int max_seqlen_q,
+                                          int max_seqlen_k, const AttentionOptions& options = {});
+
 // `lse` may be null. Rows with no visible key get out = 0 and lse = -inf.
+// Varlen on CUDA: max_seqlen_q/k must bound every sequence's length (the offsets stay on the
+// device and are not checked there; on the CPU they are).
 RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const TensorView* lse = nullptr,
                 const AttentionOptions& options = {}, Stream stream = nullptr,
@@ -55,6 +63,11 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
 // head sum over the query heads that share it).
 std::size_t backward_workspace_size(const TensorView& q, const TensorView& k,
                                     const TensorView& v, const AttentionOptions& options = {});
+
+std::size_t backward_varlen_workspace_size(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& cu_seqlens_q,
+                                           const TensorView& cu_seqlens_k, int max_seqlen_q,
+                                           int max_seqlen_k, const AttentionOptions& options = {});
 
 RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const TensorView& dout, const TensorView& lse,

@@ -87,13 +87,24 @@ def _wants_autograd(q, k, v) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
 
 
-def _workspace(fw, like, forward: bool, q, k, v, kwargs):
-    """Scratch memory for a CUDA call, allocated with the caller's framework (None if unneeded)."""
+def _workspace(fw, like, forward: bool, q, k, v, varlen, stream, kwargs):
+    """Scratch memory for a CUDA call, allocated with the caller's framework (None if unneeded).
+
+    varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or Nones and zeros.
+    stream: the stream the call runs on when the caller named one (else None): the workspace is
+    allocated on it, so the framework's caching allocator does not hand the memory to other
+    work while the kernel may still be reading it.
+    """
     if not fw.is_cuda(like):
         return None
     query = _C.forward_workspace_size if forward else _C.backward_workspace_size
-    nbytes = query(q, k, v, **kwargs)
-    return fw.empty(like, (nbytes,), "uint8") if nbytes else None
+    cu_q, cu_k, max_q, max_k = varlen
+    nbytes = query(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(max_q),
+                   max_seqlen_k=int(max_k), **kwargs)
+    if not nbytes:
+        return None
+    with fw.stream_scope(like, stream):
+        return fw.empty(like, (nbytes,), "uint8")
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
@@ -112,7 +123,9 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
     q, k, v = fw.prepare(q), fw.prepare(k), fw.prepare(v)
     with fw.device_guard(q):
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)
-        workspace = _workspace(fw, q, True, q, k, v, kwargs)
+        varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        workspace = _workspace(fw, q, True, q, k, v, varlen,
+                               None if stream is None else handle, kwargs)
         _record(_C.forward(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k,
                            int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
                            workspace=workspace))
@@ -137,9 +150,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     """
     kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
     if _wants_autograd(q, k, v):
-        if out is not None or lse_out is not None or stream is not None:
-            raise ValueError("out=, lse_out= and stream= are not supported with autograd or "
-                             "torch.compile (they go through flashcpp.torch's custom ops)")
+        if out is not None or lse_out is not None or stream is not None or num_splits:
+            raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
+                             "autograd or torch.compile (they go through flashcpp.torch's "
+                             "custom ops)")
         from . import torch as flashcpp_torch
 
         return flashcpp_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -161,9 +175,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """
     kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
     if _wants_autograd(q, k, v):
-        if out is not None or lse_out is not None or stream is not None:
-            raise ValueError("out=, lse_out= and stream= are not supported with autograd or "
-                             "torch.compile (they go through flashcpp.torch's custom ops)")
+        if out is not None or lse_out is not None or stream is not None or num_splits:
+            raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
+                             "autograd or torch.compile (they go through flashcpp.torch's "
+                             "custom ops)")
         from . import torch as flashcpp_torch
 
         return flashcpp_torch.attention_varlen(
@@ -187,7 +202,9 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     dout, q, k, v, out, lse = (fw.prepare(t) for t in (dout, q, k, v, out, lse))
     with fw.device_guard(q):
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)
-        workspace = _workspace(fw, q, False, q, k, v, kwargs)
+        varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        workspace = _workspace(fw, q, False, q, k, v, varlen,
+                               None if stream is None else handle, kwargs)
         _record(_C.backward(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                             int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
                             workspace=workspace))

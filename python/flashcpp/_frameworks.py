@@ -66,6 +66,11 @@ class Framework:
     def device_guard(self, like: Any):
         return contextlib.nullcontext()
 
+    def stream_scope(self, like: Any, stream: Optional[int]):
+        """Allocations inside belong to `stream` (a cudaStream_t), where the framework's
+        allocator is stream-ordered; None keeps the current stream."""
+        return contextlib.nullcontext()
+
 
 class NumpyFramework(Framework):
     name = "numpy"
@@ -107,6 +112,11 @@ class TorchFramework(Framework):
             return self.torch.cuda.device(like.device)
         return contextlib.nullcontext()
 
+    def stream_scope(self, like, stream):
+        if stream is None or not like.is_cuda:
+            return contextlib.nullcontext()
+        return self.torch.cuda.stream(self.torch.cuda.ExternalStream(stream, device=like.device))
+
 
 class CupyFramework(Framework):
     name = "cupy"
@@ -127,6 +137,11 @@ class CupyFramework(Framework):
 
     def device_guard(self, like):
         return like.device
+
+    def stream_scope(self, like, stream):
+        if stream is None:
+            return contextlib.nullcontext()
+        return self.cupy.cuda.ExternalStream(stream)
 
 
 _GENERIC = Framework()

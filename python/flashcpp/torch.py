@@ -71,12 +71,14 @@ def _options(causal, softmax_scale, window_left, window_right, softcap, backend,
 
 
 def _launch(native, workspace_query, q, k, v, *tensors, options, **varlen):
-    """Runs a native entry point on the caller's current stream with a torch-owned workspace."""
+    """Runs a native entry point on the caller's current stream with a torch-owned workspace.
+
+    varlen: cu_seqlens_q/k and max_seqlen_q/k as keywords (none for padded calls)."""
     with _device_guard(q):
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
         workspace = None
         if q.is_cuda:
-            nbytes = workspace_query(q, k, v, **options)
+            nbytes = workspace_query(q, k, v, **varlen, **options)
             if nbytes:
                 workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
         _record(native(*tensors, **varlen, **options, stream=stream, workspace=workspace))
@@ -109,8 +111,9 @@ def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, varlen=True)
     options = _options(causal, softmax_scale, window_left, window_right, softcap, backend)
-    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, cu_seqlens_q,
-            cu_seqlens_k, options=options, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, options=options,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k)
     return out, lse
 
 
@@ -159,8 +162,8 @@ def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     options = _options(causal, softmax_scale, window_left, window_right, softcap, backend,
                        deterministic)
     _launch(_C.backward, _C.backward_workspace_size, q, k, v, dout, q, k, v, out, _export(lse),
-            dq, dk, dv, cu_seqlens_q, cu_seqlens_k, options=options, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k)
+            dq, dk, dv, options=options, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     return dq, dk, dv
 
 
@@ -185,7 +188,9 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors[:5]
     if dout is None:
         dout = torch.zeros_like(out)
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    # warn_only asks for a warning where no deterministic kernel exists, not for an error
+    deterministic = (torch.are_deterministic_algorithms_enabled()
+                     and not torch.is_deterministic_algorithms_warn_only_enabled())
     if len(ctx.rest) == 6:  # (causal, scale, window_left, window_right, softcap, backend)
         grads = torch.ops.flashcpp.attention_bwd(dout, q, k, v, out, lse, *ctx.rest,
                                                  deterministic)

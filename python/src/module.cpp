@@ -313,17 +313,29 @@ RunInfoTuple backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
 }
 
 std::size_t workspace_size(bool for_backward, nb::handle q, nb::handle k, nb::handle v,
-                           bool causal, std::optional<float> softmax_scale, int window_left,
-                           int window_right, float softcap, const std::string& backend,
-                           int num_splits, bool deterministic) {
+                           nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int max_seqlen_q,
+                           int max_seqlen_k, bool causal, std::optional<float> softmax_scale,
+                           int window_left, int window_right, float softcap,
+                           const std::string& backend, int num_splits, bool deterministic) {
   const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
                                                 softcap, backend, num_splits, deterministic);
   Imports keep;
   const TensorView qv = view_of(q, "q", false, keep);
   const TensorView kv = view_of(k, "k", false, keep);
   const TensorView vv = view_of(v, "v", false, keep);
-  return for_backward ? flashcpp::backward_workspace_size(qv, kv, vv, options)
-                      : flashcpp::forward_workspace_size(qv, kv, vv, options);
+  TensorView cu_q_storage, cu_k_storage;
+  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
+  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
+  if (cu_q == nullptr && cu_k == nullptr)
+    return for_backward ? flashcpp::backward_workspace_size(qv, kv, vv, options)
+                        : flashcpp::forward_workspace_size(qv, kv, vv, options);
+  if (cu_q == nullptr || cu_k == nullptr)
+    throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
+  return for_backward
+             ? flashcpp::backward_varlen_workspace_size(qv, kv, vv, *cu_q, *cu_k, max_seqlen_q,
+                                                        max_seqlen_k, options)
+             : flashcpp::forward_varlen_workspace_size(qv, kv, vv, *cu_q, *cu_k, max_seqlen_q,
+                                                       max_seqlen_k, options);
 }
 
 }  // namespace
@@ -361,21 +373,27 @@ NB_MODULE(_C, m) {
 
   m.def(
       "forward_workspace_size",
-      [](nb::handle q, nb::handle k, nb::handle v, bool causal, std::optional<float> scale,
-         int wl, int wr, float softcap, const std::string& backend, int splits, bool det) {
-        return workspace_size(false, q, k, v, causal, scale, wl, wr, softcap, backend, splits,
-                              det);
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, nb::handle cu_k, int max_q,
+         int max_k, bool causal, std::optional<float> scale, int wl, int wr, float softcap,
+         const std::string& backend, int splits, bool det) {
+        return workspace_size(false, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
+                              softcap, backend, splits, det);
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), FLASHCPP_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q").none() = nb::none(),
+      nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+      nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS);
 
   m.def(
       "backward_workspace_size",
-      [](nb::handle q, nb::handle k, nb::handle v, bool causal, std::optional<float> scale,
-         int wl, int wr, float softcap, const std::string& backend, int splits, bool det) {
-        return workspace_size(true, q, k, v, causal, scale, wl, wr, softcap, backend, splits,
-                              det);
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, nb::handle cu_k, int max_q,
+         int max_k, bool causal, std::optional<float> scale, int wl, int wr, float softcap,
+         const std::string& backend, int splits, bool det) {
+        return workspace_size(true, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
+                              softcap, backend, splits, det);
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), FLASHCPP_OPTION_ARGS);
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q").none() = nb::none(),
+      nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+      nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS);
 
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q").none() = nb::none(),

@@ -23,15 +23,34 @@ bool nothing_to_do_backward(const ForwardParams& p) {
 }
 
 #ifdef FLASHCPP_WITH_CUDA
-// The validated problem of a workspace query, where only q, k and v are known: `out` is
-// stood in for by q's shape with v's head dim, so validation sees a consistent call.
-ForwardParams workspace_problem(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const AttentionOptions& options, Backend family) {
-  TensorView out = q;
-  if (out.rank > 0 && v.rank > 0) out.shape[out.rank - 1] = v.shape[v.rank - 1];
-  return detail::validate_forward({q, k, v, out, nullptr, nullptr, nullptr}, options, family);
+// The validated problem of a workspace query, where only q, k, v (and the varlen offsets) are
+// known: `out` is stood in for by q's shape with v's head dim, so validation sees a
+// consistent call.
+ForwardParams workspace_problem(const detail::ForwardTensors& known, const AttentionOptions& options,
+                                Backend family) {
+  TensorView out = known.q;
+  if (out.rank > 0 && known.v.rank > 0) out.shape[out.rank - 1] = known.v.shape[known.v.rank - 1];
+  return detail::validate_forward({known.q, known.k, known.v, out, nullptr, known.cu_seqlens_q,
+                                   known.cu_seqlens_k, known.max_seqlen_q, known.max_seqlen_k},
+                                  options, family);
 }
 #endif
+
+// Bytes of scratch memory a forward (or backward) call with these tensors needs.
+std::size_t workspace_size(const detail::ForwardTensors& known, const AttentionOptions& options,
+                           bool for_backward) {
+  const Backend family = detail::check_backend(known.q, options);
+  if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
+#ifdef FLASHCPP_WITH_CUDA
+  const ForwardParams params = workspace_problem(known, options, family);
+  if (for_backward) return detail::cuda::backward_workspace_size(params, family);
+  return detail::cuda::forward_workspace_size(
+      params, detail::cuda::choose_forward_backend(params, family));
+#else
+  (void)for_backward;
+  return 0;
+#endif
+}
 
 RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOptions& options,
                     Stream stream, Workspace workspace) {
@@ -107,30 +126,30 @@ Backend select_backend(const TensorView& q, const AttentionOptions& options) {
 
 std::size_t forward_workspace_size(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const AttentionOptions& options) {
-  const Backend family = detail::check_backend(q, options);
-  if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
-#ifdef FLASHCPP_WITH_CUDA
-  const ForwardParams params = workspace_problem(q, k, v, options, family);
-  return detail::cuda::forward_workspace_size(
-      params, detail::cuda::choose_forward_backend(params, family));
-#else
-  (void)k;
-  (void)v;
-  return 0;
-#endif
+  return workspace_size({q, k, v, q, nullptr, nullptr, nullptr}, options, false);
+}
+
+std::size_t forward_varlen_workspace_size(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& cu_seqlens_q,
+                                          const TensorView& cu_seqlens_k, int max_seqlen_q,
+                                          int max_seqlen_k, const AttentionOptions& options) {
+  return workspace_size(
+      {q, k, v, q, nullptr, &cu_seqlens_q, &cu_seqlens_k, max_seqlen_q, max_seqlen_k}, options,
+      false);
 }
 
 std::size_t backward_workspace_size(const TensorView& q, const TensorView& k, const TensorView& v,
                                     const AttentionOptions& options) {
-  const Backend family = detail::check_backend(q, options);
-  if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
-#ifdef FLASHCPP_WITH_CUDA
-  return detail::cuda::backward_workspace_size(workspace_problem(q, k, v, options, family), family);
-#else
-  (void)k;
-  (void)v;
-  return 0;
-#endif
+  return workspace_size({q, k, v, q, nullptr, nullptr, nullptr}, options, true);
+}
+
+std::size_t backward_varlen_workspace_size(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& cu_seqlens_q,
+                                           const TensorView& cu_seqlens_k, int max_seqlen_q,
+                                           int max_seqlen_k, const AttentionOptions& options) {
+  return workspace_size(
+      {q, k, v, q, nullptr, &cu_seqlens_q, &cu_seqlens_k, max_seqlen_q, max_seqlen_k}, options,
+      true);
 }
 
 RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -61,8 +61,6 @@ struct BackwardParams : ForwardParams {
   void* dv = nullptr;
   Strides dout_stride, dq_stride, dk_stride, dv_stride;
   bool deterministic = false;
-  void* workspace = nullptr;
-  std::uint64_t workspace_bytes = 0;
 };
 
 }  // namespace flashcpp::detail

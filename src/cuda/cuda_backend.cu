@@ -43,7 +43,11 @@ const DeviceInfo& device_info(int device) {
   static std::mutex mutex;
   static std::vector<std::unique_ptr<DeviceInfo>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0) throw Error("cuda: invalid device ordinal " + std::to_string(device));
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError();
+  if (device < 0 || device >= count)
+    throw Error("q is on cuda:" + std::to_string(device) + " but " + std::to_string(count) +
+                " CUDA device(s) are present");
   if (cache.size() <= std::size_t(device)) cache.resize(device + 1);
   if (!cache[device]) {
     cudaDeviceProp prop{};

@@ -350,5 +350,23 @@ TEST(CpuForwardProps, LargeScoresStayFinite) {
   check_forward(p, t, ref);
 }
 
+// Workspace queries exist for padded and varlen calls; the CPU backends need none.
+TEST(CpuForwardProps, WorkspaceQueriesOnTheCpu) {
+  Problem p;
+  p.lengths_q = {3, 0, 5};
+  p.lengths_k = {4, 2, 6};
+  Tensors t(p);
+  EXPECT_EQ(forward_varlen_workspace_size(t.q.view(), t.k.view(), t.v.view(), t.cu_q.view(),
+                                          t.cu_k.view(), 5, 6),
+            0u);
+  EXPECT_EQ(backward_varlen_workspace_size(t.q.view(), t.k.view(), t.v.view(), t.cu_q.view(),
+                                           t.cu_k.view(), 5, 6),
+            0u);
+  Problem padded;
+  Tensors u(padded);
+  EXPECT_EQ(forward_workspace_size(u.q.view(), u.k.view(), u.v.view()), 0u);
+  EXPECT_EQ(backward_workspace_size(u.q.view(), u.k.view(), u.v.view()), 0u);
+}
+
 }  // namespace
 }  // namespace flashcpp::test

@@ -10,8 +10,9 @@
 namespace flashcpp::detail::cuda {
 
 inline void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(std::string("cuda: ") + what + " failed: " + cudaGetErrorName(status) + " (" +
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // a non-sticky error must not resurface at the next call's check
+  throw Error(std::string("cuda: ") + what + " failed: " + cudaGetErrorName(status) + " (" +
                 cudaGetErrorString(status) + ")");
 }
 
