@@ -28,7 +28,9 @@ struct Workspace {
   std::size_t bytes = 0;
 };
 
-// Which backend a call with these tensors and options would run on (no work is done).
+// The backend family q's device and the options point to (no work is done): cpu for CPU
+// tensors; on CUDA, cuda_sm90 on Hopper, else cuda_sm80. A hint: cases the sm90 kernels do not
+// cover (varlen, split-KV, D != Dv) still run on sm80; the RunInfo a call returns is exact.
 Backend select_backend(const TensorView& q, const AttentionOptions& options = {});
 
 // True when flashcpp was built with CUDA and a usable GPU is present.
