@@ -173,7 +173,8 @@ def test_varlen_matches_the_reference_per_sequence(causal):
         if nq:
             exact, _ = reference(q[None, rq:rq + nq], k[None, rk:rk + nk], v[None, rk:rk + nk],
                                  causal=causal)
-            bound = 4 * UNIT_ROUNDOFF[dtype] * max(1.0, exact.abs().max().item())
+            # bf16 output rounding plus P rounded to bf16 before P @ V: a few units of roundoff
+            bound = 8 * UNIT_ROUNDOFF[dtype] * max(1.0, exact.abs().max().item())
             for ours in (plain, op):
                 err = (ours[None, rq:rq + nq].double() - exact).abs().max().item()
                 assert err <= bound, f"sequence ({nq}, {nk}): {err:.3g} > {bound:.3g}"
