@@ -312,9 +312,10 @@ RunInfoTuple backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
   return to_tuple(info);
 }
 
-std::size_t workspace_size(bool for_backward, nb::handle q, nb::handle k, nb::handle v,
-                           nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int max_seqlen_q,
-                           int max_seqlen_k, bool causal, std::optional<float> softmax_scale,
+template <bool for_backward>
+std::size_t workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                           nb::handle cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
+                           bool causal, std::optional<float> softmax_scale,
                            int window_left, int window_right, float softcap,
                            const std::string& backend, int num_splits, bool deterministic) {
   const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
@@ -371,29 +372,14 @@ NB_MODULE(_C, m) {
       },
       nb::arg("q"), FLASHCPP_OPTION_ARGS);
 
-  m.def(
-      "forward_workspace_size",
-      [](nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, nb::handle cu_k, int max_q,
-         int max_k, bool causal, std::optional<float> scale, int wl, int wr, float softcap,
-         const std::string& backend, int splits, bool det) {
-        return workspace_size(false, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
-                              softcap, backend, splits, det);
-      },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q").none() = nb::none(),
-      nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
-      nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS);
-
-  m.def(
-      "backward_workspace_size",
-      [](nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, nb::handle cu_k, int max_q,
-         int max_k, bool causal, std::optional<float> scale, int wl, int wr, float softcap,
-         const std::string& backend, int splits, bool det) {
-        return workspace_size(true, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
-                              softcap, backend, splits, det);
-      },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q").none() = nb::none(),
-      nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
-      nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS);
+  // Scratch bytes of the matching call; cu_seqlens given for a varlen call.
+#define FLASHCPP_WORKSPACE_ARGS                                                              \
+  nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q").none() = nb::none(),   \
+      nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,            \
+      nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS
+  m.def("forward_workspace_size", &workspace_size<false>, FLASHCPP_WORKSPACE_ARGS);
+  m.def("backward_workspace_size", &workspace_size<true>, FLASHCPP_WORKSPACE_ARGS);
+#undef FLASHCPP_WORKSPACE_ARGS
 
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q").none() = nb::none(),
