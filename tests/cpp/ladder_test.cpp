@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/ladder/attention_reference.hpp"
 #include "cuda/ladder/ladder.hpp"
 #include "flashcpp/error.hpp"
 
@@ -177,27 +178,10 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
                                         const std::vector<float>& v,
                                         const ladder::AttentionShape& s) {
   const int n = s.seqlen, d = s.head_dim;
-  const double scale = 1.0 / std::sqrt(double(d));
-  std::vector<double> out(q.size()), p(n);
-  for (size_t head = 0; head < size_t(s.batch) * s.heads; ++head) {
-    const size_t base = head * n * d;
-    for (int i = 0; i < n; ++i) {
-      const int keys = s.causal ? i + 1 : n;
-      double mx = -INFINITY, sum = 0;
-      for (int j = 0; j < keys; ++j) {
-        double dot = 0;
-        for (int c = 0; c < d; ++c) dot += double(q[base + size_t(i) * d + c]) * k[base + size_t(j) * d + c];
-        p[j] = dot * scale;
-        mx = std::max(mx, p[j]);
-      }
-      for (int j = 0; j < keys; ++j) sum += (p[j] = std::exp(p[j] - mx));
-      for (int c = 0; c < d; ++c) {
-        double acc = 0;
-        for (int j = 0; j < keys; ++j) acc += p[j] * v[base + size_t(j) * d + c];
-        out[base + size_t(i) * d + c] = acc / sum;
-      }
-    }
-  }
+  std::vector<double> out(q.size());
+  for (size_t head = 0; head < size_t(s.batch) * s.heads; ++head)
+    for (int i = 0; i < n; ++i)
+      ladder::attention_row_reference(q, k, v, s, head, i, &out[(head * n + i) * d]);
   return out;
 }
 
