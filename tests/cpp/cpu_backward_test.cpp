@@ -119,16 +119,6 @@ void expect_unseen_rows_zero(const Problem& p, const Tensors& t) {
 
 // ---- the sweeps ------------------------------------------------------------------------------
 
-Problem shape(int nq, int nk, int d, DType dtype = DType::fp32) {
-  Problem p;
-  p.batch = 2;
-  p.seqlen_q = nq;
-  p.seqlen_k = nk;
-  p.head_dim = d;
-  p.dtype = dtype;
-  return p;
-}
-
 std::vector<Problem> backward_cases() {
   std::vector<Problem> cases;
   for (int d : {32, 64, 80, 96, 128, 192, 256}) {

@@ -122,16 +122,6 @@ const int kHeadDims[] = {32, 64, 80, 96, 128, 192, 256};
 const std::pair<int, int> kShapes[] = {{1, 1},     {17, 17},   {113, 203},
                                        {203, 113}, {128, 128}, {1000, 1000}};
 
-Problem shape(int nq, int nk, int d, DType dtype = DType::fp32) {
-  Problem p;
-  p.batch = 2;
-  p.seqlen_q = nq;
-  p.seqlen_k = nk;
-  p.head_dim = d;
-  p.dtype = dtype;
-  return p;
-}
-
 struct Option {
   const char* what;
   bool causal;

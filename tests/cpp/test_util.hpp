@@ -351,6 +351,17 @@ struct Problem {
   }
 };
 
+// The sweeps' base case: batch 2, two heads, the given lengths, head dim and dtype.
+inline Problem shape(int nq, int nk, int d, DType dtype = DType::fp32) {
+  Problem p;
+  p.batch = 2;
+  p.seqlen_q = nq;
+  p.seqlen_k = nk;
+  p.head_dim = d;
+  p.dtype = dtype;
+  return p;
+}
+
 // A readable, unique test name: "b2_h4x1_q113_k203_d64_fp32_bshd_causal".
 inline std::string problem_name(const Problem& p) {
   std::string n;
