@@ -2,6 +2,7 @@
 attn_implementation="flashcpp" as with "sdpa". Skipped without transformers."""
 
 import copy
+import os
 
 import pytest
 
@@ -100,3 +101,104 @@ def test_logits_match_sdpa_on_cuda_bf16(compile_model):
     # logits agree to a few bf16 ulps of their scale.
     scale = expected.abs().max().item()
     assert (got - expected).abs().max().item() <= 4 * 2.0**-8 * max(scale, 1.0)
+
+
+# ---- a training step: forward, loss, backward through torch.compile(fullgraph=True) ----------
+def training_step(model, ids):
+    """Loss of one causal-LM step; the caller runs backward (AOTAutograd compiles it as the
+    backward graph of the compiled step)."""
+    return model(input_ids=ids, labels=ids).loss
+
+
+def compiled_training_grads(model, ids, backend):
+    """Parameter gradients of a step compiled with fullgraph=True (a graph break raises).
+
+    Checks that flashcpp ran in the backward: its ops record last_run_info, which is cleared
+    first, so a backward that fell back to anything else would leave it None."""
+    torch._dynamo.reset()
+    model.train()
+    model.zero_grad(set_to_none=True)
+    step = torch.compile(training_step, fullgraph=True, backend=backend)
+    loss = step(model, ids)
+    flashcpp._api._last.info = None
+    loss.backward()
+    assert flashcpp.last_run_info() is not None, "flashcpp's backward op did not run"
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def eager_training_grads(model, ids):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = training_step(model, ids)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def relative_errors(grads, reference):
+    """max |g - ref| / max |ref| per parameter (float64)."""
+    errors = {}
+    for name, ref in reference.items():
+        got = grads[name]
+        assert got is not None, f"{name}: no gradient"
+        scale = ref.double().abs().max().item()
+        errors[name] = (got.double() - ref.double()).abs().max().item() / max(scale, 1e-30)
+    return errors
+
+
+SLOW = os.environ.get("FLASHCPP_SLOW_TESTS") == "1"
+
+
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not SLOW, reason="inductor compiles the training step's C++ for ~55 s on 2 cores; "
+                         "FLASHCPP_SLOW_TESTS=1 runs it (the CUDA variant uses inductor)")),
+])
+def test_compiled_training_step_grads_match_sdpa_on_cpu(backend):
+    sdpa, ours = llama_pair("cpu", torch.float32)
+    ids = torch.randint(0, 512, (2, 29), generator=torch.Generator().manual_seed(1))
+    ref_loss, ref_grads = eager_training_grads(sdpa, ids)
+    loss, grads = compiled_training_grads(ours, ids, backend)
+    assert flashcpp.last_run_info().backend == "cpu"
+    assert set(grads) == set(ref_grads)
+    # fp32 on both sides; the attentions sum in different orders (tiled online softmax against
+    # one softmax). Measured: 7e-7 of each parameter's largest gradient at worst (aot_eager);
+    # 1e-5 leaves 14x room, while a wrong mask, scale or GQA sum is off by more than 1e-2.
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    errors = relative_errors(grads, ref_grads)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-5, f"{worst}: relative gradient error {errors[worst]:.3g}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of flashcpp")
+def test_compiled_training_step_grads_match_sdpa_on_cuda_bf16():
+    sdpa, ours = llama_pair("cuda", torch.bfloat16)
+    # The yardstick: the same step in float32 with the same (bf16-rounded) weights, TF32 off.
+    exact = copy.deepcopy(sdpa).float()
+    ids = torch.randint(0, 512, (2, 77), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(1))
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        exact_loss, exact_grads = eager_training_grads(exact, ids)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    sdpa_loss, sdpa_grads = eager_training_grads(sdpa, ids)
+    loss, grads = compiled_training_grads(ours, ids, "inductor")
+    assert flashcpp.last_run_info().backend.startswith("cuda")
+    assert set(grads) == set(sdpa_grads) == set(exact_grads)
+    # bf16 keeps 8 significant bits: every matmul output, activation and stored gradient is
+    # rounded to 2^-8 relative, and the two layers' backward compounds that, so no fixed
+    # tolerance against "sdpa" is both tight and safe. As the contract does for kernels, each
+    # gradient's error against float32 must stay within twice that of PyTorch's bf16 "sdpa"
+    # step, plus 2^-7 of the gradient's largest entry (two bf16 roundings of slack for
+    # parameters where sdpa happens to land close).
+    bound_loss = 2 * abs(sdpa_loss.float().item() - exact_loss.item()) + 2.0**-7 * abs(
+        exact_loss.item())
+    assert abs(loss.float().item() - exact_loss.item()) <= bound_loss
+    ours_err = relative_errors(grads, exact_grads)
+    sdpa_err = relative_errors(sdpa_grads, exact_grads)
+    bad = {n: (ours_err[n], sdpa_err[n]) for n in exact_grads
+           if not ours_err[n] <= 2 * sdpa_err[n] + 2.0**-7}
+    assert not bad, "gradients outside the bf16 criterion (flashcpp err, sdpa err): " + ", ".join(
+        f"{n} {o:.3g} vs {s:.3g}" for n, (o, s) in sorted(bad.items()))
