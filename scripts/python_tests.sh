@@ -2,7 +2,13 @@
 # Builds the flashcpp Python package (CPU backend only) into a virtual environment and runs the
 # pytest suite in tests/python. Safe to repeat: the venv is reused, pip skips what is installed,
 # and the CMake build folder (build/pip-<tag>) plus ccache make rebuilds incremental.
-#   FLASHCPP_VENV=/path   use another venv (default: <repo>/.venv)
+# Where the dependencies come from, in this order:
+#   1. the venv (default <repo>/.venv) when it already holds the pinned versions below;
+#   2. offline: when $PYTHON (python3) itself imports numpy, pytest, nanobind and
+#      scikit_build_core (the GPU machine, which has no package registry), a venv at
+#      build/venv-system with --system-site-packages that installs nothing but flashcpp;
+#   3. otherwise the venv is created and the pins are installed from PyPI (CI).
+#   FLASHCPP_VENV=/path   use another venv for 1 and 3 (default: <repo>/.venv)
 #   extra arguments       passed to pytest (e.g. -k torch -x)
 # Exit status: pytest's (non-zero on any failure); 0 when every test passed or was skipped.
 set -euo pipefail
@@ -14,19 +20,41 @@ python="${PYTHON:-python3}"
 # machine has; torch/transformers are optional (their tests skip when they are missing).
 pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6)
 
-if [[ ! -x "$venv/bin/python" ]]; then
-  echo "python_tests: creating $venv"
-  "$python" -m venv "$venv"
-fi
-py="$venv/bin/python"
-if ! "$py" - "${pins[@]}" <<'PY' >/dev/null 2>&1
+has_pins() {
+  "$1" - "${pins[@]}" <<'PY' >/dev/null 2>&1
 import sys
 from importlib.metadata import version
 for pin in sys.argv[1:]:
     name, wanted = pin.split("==")
     assert version(name) == wanted, pin
 PY
-then
+}
+
+imports_deps() {
+  "$1" -c "import numpy, pytest, nanobind, scikit_build_core" >/dev/null 2>&1
+}
+
+if [[ -x "$venv/bin/python" ]] && has_pins "$venv/bin/python"; then
+  py="$venv/bin/python"
+elif imports_deps "$python"; then
+  # No pip download: the venv sees $python's packages (torch too, where installed) and gets
+  # only flashcpp. --without-pip: the system's pip (python3 -m pip) does the install, into
+  # the venv, and ensurepip may be missing (Debian without python3-venv).
+  venv="$root/build/venv-system"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "python_tests: $python has the dependencies; creating $venv (--system-site-packages)"
+    "$python" -m venv --system-site-packages --without-pip "$venv"
+  fi
+  py="$venv/bin/python"
+  "$py" -c "import numpy, pytest, nanobind, scikit_build_core as s; print('python_tests: offline,',
+  'numpy', numpy.__version__, 'pytest', pytest.__version__, 'nanobind', nanobind.__version__,
+  'scikit-build-core', s.__version__)"
+else
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "python_tests: creating $venv"
+    "$python" -m venv "$venv"
+  fi
+  py="$venv/bin/python"
   echo "python_tests: installing ${pins[*]}"
   "$py" -m pip install -q --disable-pip-version-check "${pins[@]}"
 fi
