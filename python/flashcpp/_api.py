@@ -12,7 +12,7 @@ import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
 from . import _C
-from ._frameworks import framework_of, shape_of, stream_handle
+from ._frameworks import framework_of, order_after_producers, shape_of, stream_handle
 
 Error = _C.Error
 
@@ -123,6 +123,8 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
     q, k, v = fw.prepare(q), fw.prepare(k), fw.prepare(v)
     with fw.device_guard(q):
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)
+        order_after_producers(dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+                                   cu_seqlens_k=cu_seqlens_k, out=out, lse_out=lse_out), handle)
         varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         workspace = _workspace(fw, q, True, q, k, v, varlen,
                                None if stream is None else handle, kwargs)
@@ -202,6 +204,9 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     dout, q, k, v, out, lse = (fw.prepare(t) for t in (dout, q, k, v, out, lse))
     with fw.device_guard(q):
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)
+        order_after_producers(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, dq=dq,
+                                   dk=dk, dv=dv), handle)
         varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         workspace = _workspace(fw, q, False, q, k, v, varlen,
                                None if stream is None else handle, kwargs)

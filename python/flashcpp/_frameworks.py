@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 # DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
 _DLPACK_CUDA_TYPES = (2, 13)
@@ -173,3 +173,144 @@ def stream_handle(stream: Any) -> int:
         "stream: expected an int (cudaStream_t), a torch.cuda.Stream or a cupy Stream, "
         f"got {type(stream).__name__}"
     )
+
+
+# ---- __cuda_array_interface__ version 3: the producer's stream -------------------------------
+# The "stream" entry names the stream on which the producer's work on the data is ordered: an
+# int cudaStream_t, 1 for the legacy default stream, 2 for the per-thread default stream, None
+# (or absent) when the data needs no synchronisation; 0 is disallowed (it would be ambiguous).
+# The consumer must order its own work after that stream before it touches the data. flashcpp
+# keeps its launch stream (stream=, else the framework's current stream, else the legacy
+# default stream) and makes that stream wait for each producer's stream: an event recorded on
+# the producer's stream and waited for on the launch stream, so the host does not block.
+_LEGACY_DEFAULT = (0, 1)  # flashcpp's stream 0 and CAI's 1 are both the legacy default stream
+
+
+def reads_cuda_array_interface(x: Any) -> bool:
+    """True when the native module reads x through __cuda_array_interface__: it takes DLPack
+    first (PyTorch and CuPy export both). __dlpack__ is asked about first: PyTorch's
+    __cuda_array_interface__ raises RuntimeError for a tensor that requires grad."""
+    return not hasattr(x, "__dlpack__") and hasattr(x, "__cuda_array_interface__")
+
+
+def cuda_array_interface_stream(x: Any, name: str) -> Optional[int]:
+    """The producer's stream of x when flashcpp reads it through __cuda_array_interface__ and
+    the interface names one, else None. Raises for the disallowed 0 and for non-int values."""
+    if not reads_cuda_array_interface(x):
+        return None
+    stream = x.__cuda_array_interface__.get("stream")
+    if stream is None:
+        return None
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError(f"{name}: __cuda_array_interface__ stream must be an int or None, got "
+                        f"{type(stream).__name__}")
+    if stream == 0:
+        from ._C import Error  # noqa: PLC0415 (the native module defines flashcpp.Error)
+
+        raise Error(f"{name}: __cuda_array_interface__ stream 0 is disallowed by the interface "
+                    "(ambiguous); producers give 1 (legacy default), 2 (per-thread default) "
+                    "or a stream handle")
+    return stream
+
+
+def _same_stream(a: int, b: int) -> bool:
+    return a == b or (a in _LEGACY_DEFAULT and b in _LEGACY_DEFAULT)
+
+
+def order_after_producers(arrays: Dict[str, Any], launch: int) -> None:
+    """Makes stream `launch` wait for the CAI producer stream of every array in `arrays`
+    (inputs and preallocated outputs alike: an output may still be written by its producer).
+    Every entry is checked before the first wait; one wait per distinct stream, none for
+    arrays on the launch stream itself."""
+    producers: Dict[int, int] = {}  # stream -> a data pointer on it (locates the device)
+    for name, x in arrays.items():
+        producer = None if x is None else cuda_array_interface_stream(x, name)
+        if producer is not None and not _same_stream(producer, launch):
+            producers.setdefault(producer, int(x.__cuda_array_interface__["data"][0]))
+    for producer, pointer in producers.items():
+        stream_waiter(launch, producer, pointer)
+
+
+class _CudaDriver:
+    """cuEventRecord on the producer's stream, cuStreamWaitEvent on the consumer's, through the
+    CUDA driver library (loaded by every process that runs CUDA work; no toolkit needed).
+
+    The event is created in the producer stream's context; where no context is current on this
+    thread yet, the primary context of the data's device is made current (as the CUDA runtime
+    would on its first call)."""
+
+    _CU_EVENT_DISABLE_TIMING = 0x2
+    _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+    def __init__(self):
+        import ctypes  # noqa: PLC0415
+
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+
+    def _call(self, function: str, *args) -> None:
+        result = getattr(self.lib, function)(*args)
+        if result != 0:
+            from ._C import Error  # noqa: PLC0415
+
+            raise Error(f"__cuda_array_interface__ stream synchronisation: {function} failed "
+                        f"(CUresult {result})")
+
+    def _ensure_context(self, pointer: int) -> None:
+        c = self.ctypes
+        self._call("cuInit", c.c_uint(0))
+        current = c.c_void_p()
+        self._call("cuCtxGetCurrent", c.byref(current))
+        if current.value:
+            return
+        ordinal = c.c_int(0)
+        if pointer:
+            self._call("cuPointerGetAttribute", c.byref(ordinal),
+                       c.c_int(self._CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL), c.c_void_p(pointer))
+        device, context = c.c_int(), c.c_void_p()
+        self._call("cuDeviceGet", c.byref(device), ordinal)
+        self._call("cuDevicePrimaryCtxRetain", c.byref(context), device)
+        self._call("cuCtxSetCurrent", context)
+
+    def __call__(self, consumer: int, producer: int, pointer: int) -> None:
+        c = self.ctypes
+        self._ensure_context(pointer)
+        context, event = c.c_void_p(), c.c_void_p()
+        self._call("cuStreamGetCtx", c.c_void_p(producer), c.byref(context))
+        # The event and its record belong to the producer's context (the special handles 1 and
+        # 2 name the current context's default streams); the wait is issued back in this
+        # thread's context, where the launch stream's special handles (0, 1, 2) resolve.
+        self._call("cuCtxPushCurrent_v2", context)
+        try:
+            self._call("cuEventCreate", c.byref(event), c.c_uint(self._CU_EVENT_DISABLE_TIMING))
+            try:
+                self._call("cuEventRecord", event, c.c_void_p(producer))
+            except BaseException:
+                self._call("cuEventDestroy_v2", event)
+                raise
+        finally:
+            self._call("cuCtxPopCurrent_v2", c.byref(c.c_void_p()))
+        try:
+            self._call("cuStreamWaitEvent", c.c_void_p(consumer), event, c.c_uint(0))
+        finally:
+            self._call("cuEventDestroy_v2", event)  # its resources go once the event completes
+
+
+_driver: Optional[_CudaDriver] = None
+
+
+def _driver_wait(consumer: int, producer: int, pointer: int) -> None:
+    global _driver
+    if _driver is None:
+        try:
+            _driver = _CudaDriver()
+        except OSError as error:
+            from ._C import Error  # noqa: PLC0415
+
+            raise Error("__cuda_array_interface__ names a stream to wait for, but the CUDA "
+                        f"driver library cannot be loaded: {error}") from None
+    _driver(consumer, producer, pointer)
+
+
+# (launch stream, producer stream, data pointer) -> None; tests replace it.
+stream_waiter: Callable[[int, int, int], None] = _driver_wait
