@@ -380,3 +380,36 @@ def test_profile_command_line():
     # the driver flags are accepted by the harness itself
     sa = SC.parse_args(drv[1:])
     assert sa.driver and sa.cases[0].D == 128 and sa.cases[0].Nq == 4096 and sa.cases[0].causal
+
+
+# ---------------------------------------------------------------- flashcpp peer, CPU backend
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
+def test_flashcpp_peer_modes_pass_the_check_on_cpu(mode):
+    """The flashcpp peer's fwd / bwd / fwd+bwd callables and check_cell, end to end on the CPU
+    backend (float32, GQA, causal with Nq != Nk): what runs on the GPU, minus the timing."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("flashcpp")
+    import peers as P  # noqa: PLC0415
+    import reference  # noqa: PLC0415
+    c = case(D=32, N=37, Nk=50, B=2, H=4, Hkv=2, causal=True, dtype="fp32")
+    g = torch.Generator().manual_seed(3)
+    shapes = ((c.Nq, c.H), (c.Nk, c.Hkv), (c.Nk, c.Hkv), (c.Nq, c.H))
+    sets = [P.InputSet(*(torch.randn(c.B, n, h, c.D, generator=g) for n, h in shapes))
+            for _ in range(2)]
+    s = sets[0]
+    ref = reference.compute(s.q.transpose(1, 2), s.k.transpose(1, 2), s.v.transpose(1, 2),
+                            s.dout.transpose(1, 2), c.causal, P.softmax_scale(c), grads=True)
+    peer = P.make_peers(["flashcpp"], flashcpp_backend="cpu")[0]
+    assert peer.available() is None
+    peer.prepare(c, sets)
+    with peer.context():
+        fn = peer.make(mode)
+        errs, bad = SC.check_cell(peer, mode, fn, ref)
+        fn(1)  # the timing cycles over every input set
+    assert bad is None, errs
+    expected = {"fwd": {"out"}, "bwd": {"out", "dq", "dk", "dv"}, "fwd+bwd": {"dq", "dk", "dv"}}
+    assert set(errs) == expected[mode]
+    assert max(errs.values()) < 1e-5, errs
+    assert peer.describe().startswith("cpu ")
