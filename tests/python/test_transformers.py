@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import flashcpp  # noqa: E402
+import flashcpp.torch as flashcpp_torch  # noqa: E402
 import flashcpp.transformers  # noqa: E402,F401  registers "flashcpp"
 
 CUDA = torch.cuda.is_available() and flashcpp.cuda_available()
@@ -110,20 +111,32 @@ def training_step(model, ids):
     return model(input_ids=ids, labels=ids).loss
 
 
-def compiled_training_grads(model, ids, backend):
-    """Parameter gradients of a step compiled with fullgraph=True (a graph break raises).
+def compiled_training_grads(model, ids, backend, monkeypatch):
+    """Parameter gradients of a step compiled with fullgraph=True (a graph break raises), and
+    the RunInfo of every flashcpp call its backward made.
 
-    Checks that flashcpp ran in the backward: its ops record last_run_info, which is cleared
-    first, so a backward that fell back to anything else would leave it None."""
+    The calls are collected by wrapping flashcpp.torch's _record, not read from
+    last_run_info(): that is per thread, and autograd runs CUDA backward ops on a thread of its
+    own."""
+    runs = []
+
+    def record(info):
+        runs.append(original(info))
+        return runs[-1]
+
+    original = flashcpp_torch._record
+    monkeypatch.setattr(flashcpp_torch, "_record", record)
     torch._dynamo.reset()
     model.train()
     model.zero_grad(set_to_none=True)
     step = torch.compile(training_step, fullgraph=True, backend=backend)
     loss = step(model, ids)
-    flashcpp._api._last.info = None
+    forward_calls = len(runs)
     loss.backward()
-    assert flashcpp.last_run_info() is not None, "flashcpp's backward op did not run"
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    assert forward_calls == 2, f"{forward_calls} flashcpp calls in the forward (2 layers)"
+    backward_runs = runs[forward_calls:]
+    assert len(backward_runs) == 2, "flashcpp's backward op did not run once per layer"
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, backward_runs
 
 
 def eager_training_grads(model, ids):
@@ -154,12 +167,12 @@ SLOW = os.environ.get("FLASHCPP_SLOW_TESTS") == "1"
         not SLOW, reason="inductor compiles the training step's C++ for ~55 s on 2 cores; "
                          "FLASHCPP_SLOW_TESTS=1 runs it (the CUDA variant uses inductor)")),
 ])
-def test_compiled_training_step_grads_match_sdpa_on_cpu(backend):
+def test_compiled_training_step_grads_match_sdpa_on_cpu(backend, monkeypatch):
     sdpa, ours = llama_pair("cpu", torch.float32)
     ids = torch.randint(0, 512, (2, 29), generator=torch.Generator().manual_seed(1))
     ref_loss, ref_grads = eager_training_grads(sdpa, ids)
-    loss, grads = compiled_training_grads(ours, ids, backend)
-    assert flashcpp.last_run_info().backend == "cpu"
+    loss, grads, backward_runs = compiled_training_grads(ours, ids, backend, monkeypatch)
+    assert all(run.backend == "cpu" for run in backward_runs)
     assert set(grads) == set(ref_grads)
     # fp32 on both sides; the attentions sum in different orders (tiled online softmax against
     # one softmax). Measured: 7e-7 of each parameter's largest gradient at worst (aot_eager);
@@ -171,7 +184,7 @@ def test_compiled_training_step_grads_match_sdpa_on_cpu(backend):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of flashcpp")
-def test_compiled_training_step_grads_match_sdpa_on_cuda_bf16():
+def test_compiled_training_step_grads_match_sdpa_on_cuda_bf16(monkeypatch):
     sdpa, ours = llama_pair("cuda", torch.bfloat16)
     # The yardstick: the same step in float32 with the same (bf16-rounded) weights, TF32 off.
     exact = copy.deepcopy(sdpa).float()
@@ -184,8 +197,8 @@ def test_compiled_training_step_grads_match_sdpa_on_cuda_bf16():
     finally:
         torch.set_float32_matmul_precision(precision)
     sdpa_loss, sdpa_grads = eager_training_grads(sdpa, ids)
-    loss, grads = compiled_training_grads(ours, ids, "inductor")
-    assert flashcpp.last_run_info().backend.startswith("cuda")
+    loss, grads, backward_runs = compiled_training_grads(ours, ids, "inductor", monkeypatch)
+    assert all(run.backend.startswith("cuda") for run in backward_runs), backward_runs
     assert set(grads) == set(sdpa_grads) == set(exact_grads)
     # bf16 keeps 8 significant bits: every matmul output, activation and stored gradient is
     # rounded to 2^-8 relative, and the two layers' backward compounds that, so no fixed
