@@ -212,6 +212,13 @@ constexpr Sm80BwdKernel kSm80BwdKernels[] = {
 };
 #undef FLASHCPP_SM80_BWD
 
+std::string built_bwd_head_dims(ElementType dtype) {
+  std::string s;
+  for (const Sm80BwdKernel& k : kSm80BwdKernels)
+    if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
+  return s.empty() ? "none" : s;
+}
+
 // Stable storage for a kernel name handed out in RunInfo.
 const char* intern_name(const std::string& name) {
   static std::mutex mutex;
@@ -321,9 +328,6 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
     throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
                 std::to_string(dev.major) + std::to_string(dev.minor) +
                 ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
-  if (params.is_varlen()) throw Error("cuda backward: varlen not supported yet");
-  if (params.deterministic)
-    throw Error("cuda backward: deterministic mode not implemented yet");
   if (params.head_dim_v != params.head_dim)
     throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
                 ") different from head_dim (" + std::to_string(params.head_dim) +
@@ -331,9 +335,6 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
   if (params.dtype != ElementType::fp16 && params.dtype != ElementType::bf16)
     throw Error(std::string("cuda backward: dtype ") + element_name(params.dtype) +
                 " is not supported (supported: fp16, bf16)");
-  if (params.head_dim > 128)
-    throw Error("cuda backward: head dim " + std::to_string(params.head_dim) +
-                " is not supported yet (the sm80 backward covers head dims up to 128)");
   const Sm80BwdKernel* kernel = nullptr;
   for (const Sm80BwdKernel& k : kSm80BwdKernels)
     if (k.entry && k.dtype == params.dtype && k.head_dim >= params.head_dim &&
@@ -342,10 +343,14 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
   if (!kernel)
     throw Error("cuda backward: no sm80 backward kernel for head dim " +
                 std::to_string(params.head_dim) + " " + element_name(params.dtype) +
-                " in this build (backward instantiations: head dims 32, 64, 96, 128 of "
-                "-DFLASHCPP_HEAD_DIMS, dtypes of -DFLASHCPP_DTYPES)");
+                " in this build (built backward head dims for " + element_name(params.dtype) +
+                ": " + built_bwd_head_dims(params.dtype) +
+                "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+  const BwdTile t = sm80_bwd_tile(kernel->head_dim);
   const std::string name = std::string("sm80_bwd_") + element_name(params.dtype) + "_hdim" +
-                           std::to_string(kernel->head_dim) + "_64x64_8w";
+                           std::to_string(kernel->head_dim) + "_" + std::to_string(t.block_m) +
+                           "x" + std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                           (params.deterministic ? "_deterministic" : "");
   const char* kname = intern_name(name);
   if (params.batch == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
     return {Backend::cuda_sm80, kname, 1};
@@ -368,7 +373,6 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
   kp.dq_accum = static_cast<float*>(workspace.data);
   kp.dsum = kp.dq_accum + rows * params.head_dim;
   kp.lse_log2 = kp.dsum + rows;
-  kp.num_n_blocks = (params.seqlen_k + 63) / 64;
   auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
   auto strided8 = [](const Strides& st) {
     return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;

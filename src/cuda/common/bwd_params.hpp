@@ -1,6 +1,8 @@
 #pragma once
 // What the sm80 backward kernels get: the validated call plus the host-folded scales and the
-// workspace carve-up (dq_accum [B, Hq, Nq, D] fp32, then dsum and lse_log2 [B, Hq, Nq] fp32).
+// workspace carve-up (dq_accum [B, Hq, Nq, D] fp32, then dsum and lse_log2 [B, Hq, Nq] fp32),
+// and the one tile table of the backward, read by the host (grid, kernel name) and the device
+// code (kernel traits).
 #include <cstdint>
 
 #include "common/params.hpp"
@@ -11,17 +13,50 @@ struct BwdKernelParams {
   BackwardParams p;
   float scale_log2 = 0.f;        // exp2 takes s * scale_log2 - lse_log2 (softcap: tanh(.) * c * log2e)
   float softcap_in_scale = 0.f;  // softcap: tanh takes x * scale / c
-  float* dq_accum = nullptr;     // [B, Hq, Nq, head_dim] fp32, zeroed by the pre-pass
+  float* dq_accum = nullptr;     // [B, Hq, Nq, head_dim] fp32, zeroed by the pre-pass (unused
+                                 // when deterministic: the dq kernel writes dq directly)
   float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O)
   float* lse_log2 = nullptr;     // [B, Hq, Nq]: lse * log2(e); +inf where lse = -inf (P = 0)
-  int num_n_blocks = 0;
   bool vec8 = false;             // q/k/v/dout loads can move 8 elements (16 bytes) at a time
 };
 
-// Elements of each workspace array (the byte size is their sum times 4).
+// One backward instantiation's tile: the main kernel's CTA owns block_n keys and walks the
+// query blocks of block_m rows; the deterministic dq kernel's CTA owns block_m query rows and
+// walks the key blocks.
+struct BwdTile {
+  int head_dim;  // the instantiated (padded) head dim
+  int block_m;   // query rows per step (main) / per CTA (dq kernel)
+  int block_n;   // keys per CTA (main) / per step (dq kernel)
+  int warps;
+};
+
+// Shared memory (sm80/bwd_traits.cuh): Q, dO (block_m rows) and K, V (block_n rows) of
+// head_dim + 8 elements, P and dS (block_m x block_n + 8, elements), S and dP (fp32).
+// Every row fits the 163 KB per-block opt-in of an A100 (sm80), so the same kernels run on
+// A100 and H100/H200 (227 KB): d128 120.5 KB, d192 152.5 KB; d256 with 64 query rows would
+// need 184.5 KB (Hopper only), with 32 rows it needs 125.3 KB.
+// Registers: dK and dV live in registers, block_n x head_dim each over 8 warps: 128 floats per
+// thread at d256 (independent of block_m).
+inline constexpr BwdTile kSm80BwdTiles[] = {
+    {32, 64, 64, 8},  {64, 64, 64, 8},  {96, 64, 64, 8},
+    {128, 64, 64, 8}, {192, 64, 64, 8}, {256, 32, 64, 8},
+};
+
+// The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
+// >= head_dim); {0, ...} when none is large enough.
+constexpr BwdTile sm80_bwd_tile(int head_dim) {
+  for (const BwdTile& t : kSm80BwdTiles)
+    if (t.head_dim >= head_dim) return t;
+  return {0, 0, 0, 0};
+}
+
+// Workspace rows are (b, h, i) with i < seqlen_q; for varlen seqlen_q is max_seqlen_q, so the
+// workspace is B * Hq * max_seqlen_q rows: an upper bound of Hq * total_q that needs only what
+// the workspace query knows (ForwardParams carries no total_q).
 inline std::int64_t bwd_rows(const ForwardParams& p) {
   return std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
 }
+// Elements of each workspace array (the byte size is their sum times 4).
 inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p) {
   return std::uint64_t(bwd_rows(p)) * std::uint64_t(p.head_dim + 2) * sizeof(float);
 }

@@ -1,7 +1,7 @@
 #pragma once
 // The sm80 backward kernels this build contains: the generated bwd_sm80_registry.inc holds one
-// FLASHCPP_SM80_BWD(dtype, hdim) line per instantiation (head dims up to 128 of
-// FLASHCPP_HEAD_DIMS, every dtype of FLASHCPP_DTYPES).
+// FLASHCPP_SM80_BWD(dtype, hdim) line per instantiation (every head dim of FLASHCPP_HEAD_DIMS,
+// every dtype of FLASHCPP_DTYPES).
 #include <cuda_runtime.h>
 
 #include "cuda/common/bwd_params.hpp"
