@@ -56,7 +56,7 @@ constexpr BwdTile sm80_bwd_tile(int head_dim) {
 inline std::int64_t bwd_rows(const ForwardParams& p) {
   return std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
 }
-// Elements of each workspace array (the byte size is their sum times 4).
+// Bytes: head_dim floats of dq_accum plus one of dsum and one of lse_log2 per row.
 inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p) {
   return std::uint64_t(bwd_rows(p)) * std::uint64_t(p.head_dim + 2) * sizeof(float);
 }
