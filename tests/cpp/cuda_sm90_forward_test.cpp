@@ -103,6 +103,34 @@ TEST_F(CudaSm90Forward, WindowSoftcapGqaMqa) {
   }
 }
 
+// The kernel is persistent (one CTA per SM walking tiles c, c + grid, ...): more tiles than
+// SMs make every CTA carry its pipelines, Q barriers and O buffer from tile to tile, with
+// ping-pong (d <= 128) and without (d256), longest-first causal order, and tiles without a
+// visible key (bottom-right causal with Nq > Nk) between tiles with work.
+TEST_F(CudaSm90Forward, PersistentCtasWalkManyTiles) {
+  for (int d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      Sm90Case c;
+      c.B = 3;
+      c.Hq = 16;
+      c.Hkv = 4;
+      c.Nq = c.Nk = 700;  // 6 query tiles x 48 heads x batches = 288 tiles
+      c.D = d;
+      c.causal = causal;
+      check(c);
+    }
+    Sm90Case c;
+    c.B = 2;
+    c.Hq = 32;
+    c.Hkv = 8;
+    c.Nq = 1000;
+    c.Nk = 300;  // query tiles 0-4 see no key at all
+    c.D = d;
+    c.causal = true;
+    check(c);
+  }
+}
+
 TEST_F(CudaSm90Forward, BhsdStrides) { check_bhsd_strides(Sm90Case{}); }
 
 TEST_F(CudaSm90Forward, RowsWithoutVisibleKeysGiveZeroAndMinusInf) {

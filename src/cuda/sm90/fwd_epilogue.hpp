@@ -1,15 +1,24 @@
 #pragma once
-// Epilogue of the sm90 forward, run by each consumer warpgroup on its own 64 rows: the
-// normalised O converted to the element type and stored from registers (two neighbouring
-// columns per 4-byte store; rows past the sequence and columns past the real head dim
-// predicated off), and lse one value per row from the quad's first thread.
+// Epilogue of the sm90 forward, run by each consumer warpgroup on its own 64 rows of a tile:
+// lse one value per row from the quad's first thread, and the normalised O in the element
+// type, either
+//  - through shared memory and a TMA store (d64, d128): the warpgroup writes its 64 x D half
+//    of the O buffer (4-byte stores into the 128-byte swizzle, conflict-free) and one thread
+//    issues the bulk store; the descriptor's real extents clip rows past the sequence and
+//    columns past the real head dim. The store runs while the warpgroup starts its next tile;
+//    the buffer is rewritten only after that store has finished reading it;
+//  - or from registers (d256, where shared memory has no room for O): two neighbouring
+//    columns per 4-byte store, predicated on the row and column bounds.
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/fwd_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_scheduler.hpp"
+#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -19,48 +28,126 @@ using namespace cute;
 template <class Traits>
 struct FwdEpilogue {
   using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDim = Traits::kHeadDim;
 
-  template <class AccO, int kRows>
-  __device__ void operator()(const FwdKernelParams& kp, const SeqlenInfo& seq,
-                             const TileCoord& tile, AccO const& acc_o,
-                             const float (&lse)[kRows], int tid) const {
-    const ForwardParams& p = kp.p;
-    const int m0 = tile.m_block * kBlockM;
-    const int rows = seq.seqlen_q - m0;
+  // (row, col) in the 128-row tile of every accumulator element this thread holds.
+  __device__ static auto coords(int tid) {
     typename Traits::TiledMmaPV mma_pv;
     auto thr = mma_pv.get_thread_slice(tid);
     Tensor cO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-    Tensor cO_rc = make_tensor(cO.data(), wgmma_acc_rowcol(cO.layout()));
-    static_assert(decltype(size<0>(cO_rc))::value == kRows);
+    return make_tensor(cO.data(), wgmma_acc_rowcol(cO.layout()));
+  }
 
-    if (p.lse != nullptr && get<1>(cO_rc(0, 0)) == 0) {
-      float* lse_out = p.lse + seq.batch_q * p.lse_batch_stride +
-                       std::int64_t(tile.head) * p.lse_head_stride + seq.row_q + m0;
+  template <class AccO, int kRows>
+  __device__ void operator()(const FwdParams<Traits>& params, const SeqlenInfo& seq,
+                             const TileCoord& tile, AccO const& acc_o,
+                             const float (&lse)[kRows], SharedStorage& ss, int tid) const {
+    // An opaque copy of tid: otherwise the compiler hoists this thread's O addresses out of
+    // the persistent tile loop and keeps them live (spilled) across the main loop.
+    asm volatile("mov.b32 %0, %0;" : "+r"(tid));
+    store_lse(params.kp, seq, tile, lse, tid);
+    if constexpr (Traits::kTmaStoreO)
+      store_o_tma(params, seq, tile, acc_o, ss, tid);
+    else
+      store_o_registers(params.kp, seq, tile, acc_o, tid);
+  }
+
+  // Before the CTA exits: its last TMA stores must have finished reading shared memory.
+  __device__ void drain(int tid) const {
+    if constexpr (Traits::kTmaStoreO)
+      if (tid % 128 == 0) tma_store_wait<0>();
+  }
+
+ private:
+  template <int kRows>
+  __device__ static void store_lse(const FwdKernelParams& kp, const SeqlenInfo& seq,
+                                   const TileCoord& tile, const float (&lse)[kRows], int tid) {
+    const ForwardParams& p = kp.p;
+    auto c = coords(tid);
+    static_assert(decltype(size<0>(c))::value == kRows);
+    if (p.lse == nullptr || get<1>(c(0, 0)) != 0) return;
+    const int m0 = tile.m_block * kBlockM;
+    const int rows = seq.seqlen_q - m0;
+    float* lse_out = p.lse + seq.batch_q * p.lse_batch_stride +
+                     std::int64_t(tile.head) * p.lse_head_stride + seq.row_q + m0;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(c(r, 0));
+      if (row < rows) lse_out[row] = lse[r];
+    }
+  }
+
+  template <class AccO>
+  __device__ static void store_o_tma(const FwdParams<Traits>& params, const SeqlenInfo& seq,
+                                     const TileCoord& tile, AccO const& acc_o,
+                                     SharedStorage& ss, int tid) {
+    const ForwardParams& p = params.kp.p;
+    const int wg = tid / 128;
+    const bool leader = tid % 128 == 0;
+    const NamedBarrier bar = wg == 0 ? NamedBarrier::kEpilogue0 : NamedBarrier::kEpilogue1;
+    Tensor sO = make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});
+    Tensor sO_wg = sO(_, _, wg);  // (64, D): this warpgroup's half
+
+    // The previous tile's store from this half must have finished reading it.
+    if (leader) tma_store_wait<0>();
+    named_barrier_sync(bar, 128);
+
+    Tensor rO = convert_fragment<Element>(acc_o);
+    Tensor rO_rc = make_tensor(rO.data(), wgmma_acc_rowcol(rO.layout()));
+    auto c = coords(tid);
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(rO_rc); ++r) {
+      const int row = get<0>(c(r, 0)) - wg * 64;
       CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = get<0>(cO_rc(r, 0));
-        if (row < rows) lse_out[row] = lse[r];
+      for (int col_i = 0; col_i < size<1>(rO_rc); col_i += 2) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = rO_rc(r, col_i);
+        pair[1] = rO_rc(r, col_i + 1);
+        // Columns col, col + 1 (col even) share a 16-byte chunk of the swizzled row.
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(&sO_wg(row, get<1>(c(r, col_i)))) = pair;
       }
     }
+    // Generic-proxy writes must be visible to the TMA (async proxy) before the store reads them.
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(bar, 128);
 
+    if (leader) {
+      Tensor mO = params.tma_o.get_tma_tensor(
+          make_shape(p.seqlen_q, p.head_dim_v, p.heads_q, p.batch));
+      Tensor gO = local_tile(mO(_, _, tile.head, int(seq.batch_q)),
+                             Shape<_64, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, D, m)
+      auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+      copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));
+      tma_store_arrive();
+    }
+  }
+
+  template <class AccO>
+  __device__ static void store_o_registers(const FwdKernelParams& kp, const SeqlenInfo& seq,
+                                           const TileCoord& tile, AccO const& acc_o, int tid) {
+    const ForwardParams& p = kp.p;
+    const int m0 = tile.m_block * kBlockM;
+    const int rows = seq.seqlen_q - m0;
+    auto c = coords(tid);
     Tensor rO = convert_fragment<Element>(acc_o);
     Tensor rO_rc = make_tensor(rO.data(), wgmma_acc_rowcol(rO.layout()));
     Element* o_base = static_cast<Element*>(p.out) +
                       seq.offset(p.out_stride, seq.batch_q, seq.row_q + m0, tile.head);
     CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(cO_rc(r, 0));
+    for (int r = 0; r < size<0>(rO_rc); ++r) {
+      const int row = get<0>(c(r, 0));
       if (row >= rows) continue;
       Element* o_row = o_base + std::int64_t(row) * p.out_stride.row;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(rO_rc); c += 2) {
-        const int col = get<1>(cO_rc(r, c));
+      for (int col_i = 0; col_i < size<1>(rO_rc); col_i += 2) {
+        const int col = get<1>(c(r, col_i));
         if (col < p.head_dim_v) {
           cutlass::Array<Element, 2> pair;
-          pair[0] = rO_rc(r, c);
-          pair[1] = rO_rc(r, c + 1);
+          pair[0] = rO_rc(r, col_i);
+          pair[1] = rO_rc(r, col_i + 1);
           *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
         }
       }

@@ -1,7 +1,7 @@
 #pragma once
-// The sm90a forward kernel = scheduler (which tile) + mask policy (which key blocks) +
-// mainloop (producer loads, consumer products and softmax) + epilogue (stores). The shell
-// only assigns warpgroup roles:
+// The sm90a forward kernel = persistent scheduler (which tiles) + mask policy (which key
+// blocks) + mainloop (producer loads, consumer products and softmax) + epilogue (stores). The
+// shell assigns warpgroup roles and walks this CTA's tiles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
@@ -16,16 +16,36 @@
 #include "cuda/sm90/fwd_mainloop.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/softmax.hpp"
+#include "cuda/sm90/tile_scheduler.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
+
+// What both roles derive from a tile index: coordinates, sequence, mask, key blocks.
+template <int kBlockM, int kBlockN>
+struct TileWork {
+  TileCoord tile;
+  SeqlenInfo seq;
+  WindowMask mask;
+  BlockRange range;
+
+  __device__ TileWork(const FwdKernelParams& kp, const PersistentTileScheduler& scheduler,
+                      int index)
+      : tile(scheduler.tile(index)),
+        seq(kp.p, tile.batch),
+        mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right),
+        range(mask.n_blocks(tile.m_block, kBlockM, kBlockN)) {}
+
+  __device__ bool has_work() const { return range.begin < range.end; }
+};
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
   using SharedStorage = typename Traits::SharedStorage;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -41,7 +61,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    if constexpr (Traits::kTmaStoreO)
+      cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
+    cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
+    cutlass::arch::fence_barrier_init();
   }
   typename Pipeline::Params pp;
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
@@ -54,35 +78,51 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  const TileCoord tile = tile_of_block(kp, blockIdx.x);
-  const SeqlenInfo seq(kp.p, tile.batch);
-  const WindowMask mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right);
-  const BlockRange range = mask.n_blocks(tile.m_block, kBlockM, kBlockN);
-  // A tile with no visible key: the producer loads nothing and the consumers wait on nothing.
-  const bool has_work = range.begin < range.end;
+  // Producer and consumers walk the same tiles and skip the same ones (no visible key), so
+  // the Q barriers' phases (`work`) and the K/V ring positions stay in step across tiles.
+  const PersistentTileScheduler scheduler(kp);
+  using Work = TileWork<kBlockM, kBlockN>;
 
   FwdMainloop<Traits> mainloop;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp == 0 && elected && has_work)
-      mainloop.load(params, seq, tile.m_block, tile.head, range, pipeline_k, pipeline_v, ss);
+    if (warp == 0 && elected) {
+      PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+      int work = 0;
+      for (int index = blockIdx.x; index < scheduler.num_tiles; index += gridDim.x) {
+        const Work w(kp, scheduler, index);
+        if (!w.has_work()) continue;
+        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
+                      pipeline_k, pipeline_v, ss);
+        ++work;
+      }
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;
-    typename Traits::TiledMmaPV mma_pv;
-    Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
-    clear(acc_o);
-    constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
-    Softmax<kRows> softmax;
-    if (has_work) {
-      const BlockRange unmasked = mask.unmasked_blocks(tile.m_block, kBlockM, kBlockN);
-      mainloop.mma(kp, seq, mask, tile.m_block, range, unmasked, pipeline_k, pipeline_v, ss, tid,
-                   acc_o, softmax);
+    FwdEpilogue<Traits> epilogue;
+    PipelineState state;  // consumer states start at phase 0
+    int work = 0;
+    for (int index = blockIdx.x; index < scheduler.num_tiles; index += gridDim.x) {
+      const Work w(kp, scheduler, index);
+      typename Traits::TiledMmaPV mma_pv;
+      Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
+      clear(acc_o);
+      constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
+      Softmax<kRows> softmax;
+      // A tile with no visible key stores O = 0 and lse = -inf (the empty softmax's result).
+      if (w.has_work()) {
+        const BlockRange unmasked = w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN);
+        mainloop.mma(kp, w.seq, w.mask, w.tile.m_block, w.range, unmasked, work, state,
+                     pipeline_k, pipeline_v, ss, tid, acc_o, softmax);
+        ++work;
+      }
+      float lse[kRows];
+      Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+      softmax.finalize(o_rc, kp.lse_scale, lse);
+      epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
     }
-    float lse[kRows];
-    Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
-    softmax.finalize(o_rc, kp.lse_scale, lse);
-    FwdEpilogue<Traits>{}(kp, seq, tile, acc_o, lse, tid);
+    epilogue.drain(tid);
   }
 #endif
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Host side of one sm90a forward instantiation: TMA descriptors of Q, K, V, grid, shared
-// memory opt-in and launch. Included only by the generated per-instantiation translation units
+// Host side of one sm90a forward instantiation: TMA descriptors of Q, K, V and O, the
+// persistent grid, shared memory opt-in and launch. Included only by the generated per-instantiation translation units
 // (compiled for sm_90a alone).
 #include <climits>
 #include <cstdint>
@@ -24,17 +24,16 @@ inline std::int64_t tma_stride(std::int64_t stride, std::int64_t extent, std::in
   return extent <= 1 ? packed : stride;
 }
 
-template <class Traits>
-typename Traits::GmemTensor gmem_view(const void* ptr, int rows, int dim, int heads, int batch,
-                                      const Strides& s) {
+// (row, dim, head, batch) view of Q, K, V (const) or O with the real extents.
+template <class Element>
+auto gmem_view(Element* ptr, int rows, int dim, int heads, int batch, const Strides& s) {
   using namespace cute;
-  using Element = typename Traits::Element;
   rows = rows > 0 ? rows : 1;
   const std::int64_t row = tma_stride(s.row, rows, (std::int64_t(dim) + 7) / 8 * 8);
   const std::int64_t head = tma_stride(s.head, heads, row * rows);
   const std::int64_t bat = tma_stride(s.batch, batch, head * heads);
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
-                     make_shape(rows, dim, heads, batch), make_stride(row, _1{}, head, bat));
+  return make_tensor(make_gmem_ptr(ptr), make_shape(rows, dim, heads, batch),
+                     make_stride(row, _1{}, head, bat));
 }
 
 template <class Element, int kHeadDim>
@@ -44,30 +43,43 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
   params.kp = kp;
+  const auto* q = static_cast<const Element*>(p.q);
+  const auto* k = static_cast<const Element*>(p.k);
+  const auto* v = static_cast<const Element*>(p.v);
   params.tma_q = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_view<Traits>(p.q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_stride),
+      SM90_TMA_LOAD{}, gmem_view(q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
   params.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_view<Traits>(p.k, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_stride),
+      SM90_TMA_LOAD{}, gmem_view(k, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_stride),
       take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
       _1{});
   params.tma_v = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_view<Traits>(p.v, p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, p.v_stride),
+      SM90_TMA_LOAD{}, gmem_view(v, p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, p.v_stride),
       take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
       _1{});
+
+  if constexpr (Traits::kTmaStoreO)
+    params.tma_o = make_tma_copy(
+        SM90_TMA_STORE{},
+        gmem_view(static_cast<Element*>(p.out), p.seqlen_q, p.head_dim_v, p.heads_q, p.batch,
+                  p.out_stride),
+        typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
   const auto kernel = &fwd_kernel<Traits>;
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const std::int64_t blocks = std::int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
-  if (blocks > INT_MAX)
-    throw Error("cuda sm90 forward: " + std::to_string(blocks) +
-                " thread blocks exceed the grid limit (2^31 - 1)");
-  kernel<<<unsigned(blocks), Traits::kThreads, smem, stream>>>(params);
+  // Persistent: one CTA per SM (shared memory admits no second), each walking its tiles.
+  const std::int64_t tiles = std::int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
+  if (tiles > INT_MAX)
+    throw Error("cuda sm90 forward: " + std::to_string(tiles) +
+                " tiles exceed the scheduler's limit (2^31 - 1)");
+  if (tiles == 0) return;
+  int device = 0, sms = 0;
+  FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -63,10 +63,14 @@ struct FwdMainloop {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
 
-  // Producer: one elected thread. Q once, then K_n and V_n for n = end-1 down to begin.
+  // Producer: one elected thread. K_n, Q, V_n, then K_n and V_n for n = end-2 down to begin.
+  // `work` counts the tiles with work this CTA has loaded before (the Q barriers' phase);
+  // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
+  // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
+  // has completed.
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
-                       int head, BlockRange range, Pipeline& pipeline_k, Pipeline& pipeline_v,
-                       SharedStorage& ss) const {
+                       int head, BlockRange range, int work, PipelineState& state,
+                       Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
     const int batch = int(seq.batch_q);
@@ -96,30 +100,41 @@ struct FwdMainloop {
 
     // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
     using cute::TMA::CacheHintSm90;
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full, Traits::kQBytes);
-    copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
-
-    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-    for (int n = range.end - 1; n >= range.begin; --n) {
+    auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
                              CacheHintSm90::EVICT_LAST),
            tKgK(_, n), tKsK(_, state.index()));
+    };
+    auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state);
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
                              CacheHintSm90::EVICT_LAST),
            tVgV(_, n), tVsV(_, state.index()));
       ++state;
+    };
+
+    load_k(range.end - 1);
+    if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full, Traits::kQBytes);
+    copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+    load_v(range.end - 1);
+    for (int n = range.end - 2; n >= range.begin; --n) {
+      load_k(n);
+      load_v(n);
     }
   }
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Leaves the
-  // unnormalised O in acc_o and the row statistics in softmax; range is non-empty.
+  // unnormalised O in acc_o (cleared by the caller) and the row statistics in softmax; range
+  // is non-empty. `work` and the ring position `state` carry over from tile to tile as in
+  // load(); within the tile the K and V positions part (S of block n runs ahead of P V of
+  // block n + 1) and meet again at its end.
   template <class AccO, class SoftmaxT>
   __device__ void mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
-                      int m_block, BlockRange range, BlockRange unmasked, Pipeline& pipeline_k,
-                      Pipeline& pipeline_v, SharedStorage& ss, int tid, AccO& acc_o,
-                      SoftmaxT& softmax) const {
+                      int m_block, BlockRange range, BlockRange unmasked, int work,
+                      PipelineState& state, Pipeline& pipeline_k, Pipeline& pipeline_v,
+                      SharedStorage& ss, int tid, AccO& acc_o, SoftmaxT& softmax) const {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
@@ -172,8 +187,8 @@ struct FwdMainloop {
     if constexpr (Traits::kPingPong)
       if (wg == 1) named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
 
-    PipelineState k_state, v_state;  // consumer states start at phase 0
-    cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, 0);
+    PipelineState k_state = state, v_state = state;
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
     // ---- first block: S, softmax, P (nothing to overlap with yet) ----
     int n = range.end - 1;
@@ -214,6 +229,9 @@ struct FwdMainloop {
       for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
     }
 
+    // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q.
+    cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
+
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
     turn_begin();
@@ -221,6 +239,8 @@ struct FwdMainloop {
     turn_end(true);
     warpgroup_wait<0>();
     pipeline_v.consumer_release(v_state);
+    ++v_state;
+    state = v_state;  // == k_state: every block's K and V consumed
   }
 };
 

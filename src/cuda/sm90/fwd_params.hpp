@@ -1,6 +1,7 @@
 #pragma once
 // What the sm90 forward kernel receives: the common kernel parameters plus the TMA
-// descriptors of Q, K and V built on the host (passed as a __grid_constant__ parameter, so
+// descriptors of Q, K, V (loads) and O (store; unused where O is stored from registers) built
+// on the host (passed as a __grid_constant__ parameter, so
 // the descriptors live in parameter memory where TMA can read them).
 #include "cuda/common/fwd_params.hpp"
 
@@ -12,6 +13,7 @@ struct FwdParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;
 };
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -2,6 +2,7 @@
 // Compile-time description of one sm90a forward instantiation: the tile (from the tile table),
 // the two warpgroup MMAs, the 128-byte-swizzled shared-memory layouts both TMA and wgmma read,
 // the TMA copy types, the K and V pipelines and the shared-memory storage.
+#include <type_traits>
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -80,23 +81,52 @@ struct FwdTraits {
                                        take<0, 2>(SmemLayoutK{}),
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 
+  // Epilogue: each consumer warpgroup writes its 64 x D half of O into shared memory and one
+  // of its threads stores it with TMA (rows past the sequence and columns past the real head
+  // dim are clipped by the descriptor's extents). O needs its own buffer: Q is reloaded for
+  // the next tile and the K/V ring keeps streaming while the epilogue runs. At d256 the ring
+  // already takes 224 KB, so O is stored from registers there.
+  using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
+  using SmemLayoutO = decltype(tile_to_shape(
+      SmemAtom{}, Shape<_64, Int<kHeadDim>, Int<kConsumerWarpgroups>>{}));
+  using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                           GmemShape{}, GmemStride{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOHalf{},
+                                      Shape<_64, Int<kHeadDim>>{}, _1{}));
+
   static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr std::uint32_t kKVStageBytes = kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(Element));
+  static constexpr bool kTmaStoreO =
+      (kBlockM + 2 * kStages * kBlockN) * kHeadDim * int(sizeof(Element)) + kOBytes + 1024 <=
+      kSmemLimit;
+
+  struct NoSmemO {};
+  struct SmemO {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>> o;
+  };
+
   struct SharedStorage {
     // 1024-byte alignment: the 128-byte swizzle pattern repeats every 8 rows of 128 B.
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    std::conditional_t<kTmaStoreO, SmemO, NoSmemO> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    alignas(8) std::uint64_t q_full;  // transaction barrier of the single Q load
+    // Q is loaded once per tile into one buffer: q_full (the TMA transaction barrier) tells
+    // the consumers it arrived, q_empty (all consumer threads arrive) tells the producer that
+    // the tile's last S = Q K^T has completed and the next tile's Q may overwrite it.
+    alignas(8) std::uint64_t q_full;
+    alignas(8) std::uint64_t q_empty;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
 };
 
 }  // namespace flashcpp::detail::cuda::sm90

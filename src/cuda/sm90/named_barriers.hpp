@@ -9,6 +9,9 @@ enum class NamedBarrier : int {
   // before issuing its GEMMs and, once they are issued, arrives on the other one's.
   kWarpScheduler0 = 8,
   kWarpScheduler1 = 9,
+  // Epilogue of consumer warpgroup w (its 128 threads): the O buffer is free / has been written.
+  kEpilogue0 = 10,
+  kEpilogue1 = 11,
 };
 
 __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {
