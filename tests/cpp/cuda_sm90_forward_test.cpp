@@ -103,10 +103,11 @@ TEST_F(CudaSm90Forward, WindowSoftcapGqaMqa) {
   }
 }
 
-// The kernel is persistent (one CTA per SM walking tiles c, c + grid, ...): more tiles than
-// SMs make every CTA carry its pipelines, Q barriers and O buffer from tile to tile, with
-// ping-pong (d <= 128) and without (d256), longest-first causal order, and tiles without a
-// visible key (bottom-right causal with Nq > Nk) between tiles with work.
+// The kernel is persistent (one CTA per SM walking its units of work): more tiles than SMs
+// make every CTA carry its pipelines, Q barriers and O buffer from tile to tile, with
+// ping-pong (d <= 128) and without (d256); causal units pair query tiles m and M - 1 - m
+// (M = 5 leaves a hole in the middle pair), and tiles without a visible key (bottom-right
+// causal with Nq > Nk) sit between tiles with work.
 TEST_F(CudaSm90Forward, PersistentCtasWalkManyTiles) {
   for (int d : {64, 128, 256}) {
     for (bool causal : {false, true}) {
@@ -127,6 +128,8 @@ TEST_F(CudaSm90Forward, PersistentCtasWalkManyTiles) {
     c.Nk = 300;  // query tiles 0-4 see no key at all
     c.D = d;
     c.causal = true;
+    check(c);
+    c.Nq = c.Nk = 600;  // M = 5 query tiles: pairs (4, 0), (3, 1) and (2, hole)
     check(c);
   }
 }

@@ -22,22 +22,25 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-// What both roles derive from a tile index: coordinates, sequence, mask, key blocks.
+// What both roles derive from a scheduler slot: the tile (or a hole), its sequence, mask and
+// key blocks.
 template <int kBlockM, int kBlockN>
 struct TileWork {
   TileCoord tile;
+  bool valid;  // false: the hole of an odd pair, nothing to compute or store
   SeqlenInfo seq;
   WindowMask mask;
   BlockRange range;
 
-  __device__ TileWork(const FwdKernelParams& kp, const PersistentTileScheduler& scheduler,
-                      int index)
-      : tile(scheduler.tile(index)),
+  __device__ TileWork(const FwdKernelParams& kp, int slot)
+      : tile{},
+        valid(PersistentTileScheduler::tile(kp, slot, tile)),
         seq(kp.p, tile.batch),
         mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right),
         range(mask.n_blocks(tile.m_block, kBlockM, kBlockN)) {}
 
-  __device__ bool has_work() const { return range.begin < range.end; }
+  // False also for a tile whose rows see no key: it stores O = 0 and lse = -inf.
+  __device__ bool has_work() const { return valid && range.begin < range.end; }
 };
 
 template <class Traits>
@@ -78,10 +81,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  // Producer and consumers walk the same tiles and skip the same ones (no visible key), so
-  // the Q barriers' phases (`work`) and the K/V ring positions stay in step across tiles.
-  const PersistentTileScheduler scheduler(kp);
+  // Producer and consumers walk the same slots and skip the same ones (holes; tiles without a
+  // visible key), so the Q barriers' phases (`work`) and the K/V ring stay in step.
+  using Scheduler = PersistentTileScheduler;
   using Work = TileWork<kBlockM, kBlockN>;
+  const int num_slots = Scheduler::num_slots(kp);
 
   FwdMainloop<Traits> mainloop;
   if (warp_group == 0) {
@@ -89,8 +93,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp == 0 && elected) {
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
       int work = 0;
-      for (int index = blockIdx.x; index < scheduler.num_tiles; index += gridDim.x) {
-        const Work w(kp, scheduler, index);
+      for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
+           slot = Scheduler::next(kp, slot, gridDim.x)) {
+        const Work w(kp, slot);
         if (!w.has_work()) continue;
         mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
                       pipeline_k, pipeline_v, ss);
@@ -103,8 +108,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdEpilogue<Traits> epilogue;
     PipelineState state;  // consumer states start at phase 0
     int work = 0;
-    for (int index = blockIdx.x; index < scheduler.num_tiles; index += gridDim.x) {
-      const Work w(kp, scheduler, index);
+    for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
+         slot = Scheduler::next(kp, slot, gridDim.x)) {
+      const Work w(kp, slot);
+      if (!w.valid) continue;
       typename Traits::TiledMmaPV mma_pv;
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
       clear(acc_o);

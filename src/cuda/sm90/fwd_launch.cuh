@@ -69,16 +69,18 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // Persistent: one CTA per SM (shared memory admits no second), each walking its tiles.
-  const std::int64_t tiles = std::int64_t(kp.num_m_blocks) * p.heads_q * p.batch;
-  if (tiles > INT_MAX)
-    throw Error("cuda sm90 forward: " + std::to_string(tiles) +
-                " tiles exceed the scheduler's limit (2^31 - 1)");
-  if (tiles == 0) return;
+  // Persistent: one CTA per SM (shared memory admits no second), each walking its units.
+  const std::int64_t slots = std::int64_t(PersistentTileScheduler::slots_per_head(kp)) *
+                             p.heads_q * p.batch;
+  if (slots > INT_MAX / 2)  // headroom: a CTA's next slot is computed before the bound test
+    throw Error("cuda sm90 forward: " + std::to_string(slots) +
+                " tiles exceed the scheduler's limit (2^30)");
+  const int units = PersistentTileScheduler::num_units(kp);
+  if (units == 0) return;
   int device = 0, sms = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  const unsigned grid = unsigned(units < sms ? units : sms);
   kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,49 +1,69 @@
 #pragma once
-// Persistent tile scheduler of the sm90 forward: the grid has one CTA per SM (the kernel's
-// shared memory allows no second one), and CTA c computes tiles c, c + G, c + 2G, ... of a
-// linear tile order (G = grid size). A CTA keeps its pipelines, barriers and register
+// Persistent tile scheduler of the sm90 forward. The grid has one CTA per SM (the kernel's
+// shared memory admits no second one); each CTA keeps its pipelines, barriers and register
 // allocation across tiles, so the producer loads the next tile's Q, K and V while the
 // consumers still run the current tile's last products and epilogue.
 //
-// Tile order:
-//  - masked calls (causal, window): query block outermost, from the last (longest under the
-//    bottom-right causal mask) to the first, heads and batches inside. Tiles of one round have
-//    about the same length and later rounds are shorter, so the static striding stays
-//    balanced and the wave ends on short tiles;
-//  - unmasked calls: query block innermost, so CTAs that run together read the same head's K
-//    and V from L2.
+// Work is dealt in units of equal length, unit u to CTA u mod grid, in order:
+//  - unmasked calls: a unit is one query tile;
+//  - masked calls (causal, window): a unit is the pair of query tiles m and M - 1 - m of one
+//    head. Under a bottom-right causal mask tile m sees about m + const key blocks, so every
+//    pair costs the same and the static deal stays balanced; an odd M leaves the middle tile
+//    alone in its unit (the pair's second slot is a hole, skipped by every role).
+// Units run head by head (query tiles innermost), so the CTAs that run together read a few
+// heads' K and V and find them in L2.
+//
+// The walk is stated in slots: unit u owns slots [u * kSlots, (u + 1) * kSlots). Everything
+// is recomputed from the kernel parameters (constant memory) instead of being kept in
+// registers across the main loop.
 #include "cuda/common/fwd_params.hpp"
 #include "cuda/common/tile_scheduler.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
 struct PersistentTileScheduler {
-  int num_m_blocks;
-  int heads;
-  int num_tiles;
-  bool longest_first;
+  __host__ __device__ static bool paired(const FwdKernelParams& kp) {
+    return kp.p.window_left >= 0 || kp.p.window_right >= 0;
+  }
+  // Slots of one (head, batch): M query tiles, or ceil(M / 2) pairs of two slots.
+  __host__ __device__ static int slots_per_head(const FwdKernelParams& kp) {
+    return paired(kp) ? 2 * ((kp.num_m_blocks + 1) / 2) : kp.num_m_blocks;
+  }
+  __host__ __device__ static int num_slots(const FwdKernelParams& kp) {
+    return slots_per_head(kp) * kp.p.heads_q * kp.p.batch;
+  }
+  __host__ __device__ static int num_units(const FwdKernelParams& kp) {
+    return num_slots(kp) / (paired(kp) ? 2 : 1);
+  }
 
-  __host__ __device__ explicit PersistentTileScheduler(const FwdKernelParams& kp)
-      : num_m_blocks(kp.num_m_blocks),
-        heads(kp.p.heads_q),
-        num_tiles(kp.num_m_blocks * kp.p.heads_q * kp.p.batch),
-        longest_first(kp.p.window_left >= 0 || kp.p.window_right >= 0) {}
+  __device__ static int first(const FwdKernelParams& kp, int cta) {
+    return paired(kp) ? 2 * cta : cta;
+  }
+  // The slot after `slot` in this CTA's walk: the unit's second slot, or the first slot of
+  // the unit `grid` units further on.
+  __device__ static int next(const FwdKernelParams& kp, int slot, int grid) {
+    if (!paired(kp)) return slot + grid;
+    return slot % 2 == 0 ? slot + 1 : slot + 2 * grid - 1;
+  }
 
-  __device__ __forceinline__ TileCoord tile(int index) const {
-    TileCoord t;
-    t.split = 0;
-    int head_batch;
-    if (longest_first) {
-      const int head_batches = num_tiles / num_m_blocks;
-      t.m_block = num_m_blocks - 1 - index / head_batches;
-      head_batch = index % head_batches;
+  // The query tile of `slot`; false for the hole of an odd M.
+  __device__ static bool tile(const FwdKernelParams& kp, int slot, TileCoord& t) {
+    const int m_blocks = kp.num_m_blocks;
+    const int per_head = slots_per_head(kp);
+    const int head_batch = slot / per_head;
+    const int r = slot % per_head;
+    bool valid = true;
+    if (paired(kp)) {
+      const int pair = r / 2;
+      t.m_block = r % 2 == 0 ? m_blocks - 1 - pair : pair;
+      valid = r % 2 == 0 || pair != m_blocks - 1 - pair;
     } else {
-      t.m_block = num_m_blocks - 1 - index % num_m_blocks;
-      head_batch = index / num_m_blocks;
+      t.m_block = m_blocks - 1 - r;
     }
-    t.head = head_batch % heads;
-    t.batch = head_batch / heads;
-    return t;
+    t.split = 0;
+    t.head = head_batch % kp.p.heads_q;
+    t.batch = head_batch / kp.p.heads_q;
+    return valid;
   }
 };
 
