@@ -60,18 +60,25 @@ inline bool disabled_by_env() {
   return disabled;
 }
 
-inline bool tma_compatible(const void* ptr, const Strides& s) {
+// Every base pointer 16-byte aligned and every stride a multiple of 16 bytes, except the
+// strides of modes with extent 1: those are never stepped and the launcher replaces them
+// (fwd_launch.cuh, tma_stride), so e.g. a single-batch view with an odd batch stride still
+// runs here.
+inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int heads, int batch) {
   constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte element
-  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0 && s.row % kElems == 0 &&
-         s.head % kElems == 0 && s.batch % kElems == 0;
+  auto ok = [](std::int64_t stride, int extent) { return extent <= 1 || stride % kElems == 0; };
+  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0 && ok(s.row, rows) &&
+         ok(s.head, heads) && ok(s.batch, batch);
 }
 
 // True when the sm90 forward can run this call (split-KV is decided by the dispatcher).
 inline bool covers(const ForwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
   if (p.head_dim_v != p.head_dim || p.is_varlen() || find_kernel(p) == nullptr) return false;
-  return tma_compatible(p.q, p.q_stride) && tma_compatible(p.k, p.k_stride) &&
-         tma_compatible(p.v, p.v_stride) && tma_compatible(p.out, p.out_stride);
+  return tma_compatible(p.q, p.q_stride, p.seqlen_q, p.heads_q, p.batch) &&
+         tma_compatible(p.k, p.k_stride, p.seqlen_k, p.heads_kv, p.batch) &&
+         tma_compatible(p.v, p.v_stride, p.seqlen_k, p.heads_kv, p.batch) &&
+         tma_compatible(p.out, p.out_stride, p.seqlen_q, p.heads_q, p.batch);
 }
 
 inline int num_m_blocks(const ForwardParams& p, const Kernel& k) {
