@@ -7,7 +7,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <deque>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -19,6 +18,7 @@
 #include "cuda/common/bwd_params.hpp"
 #include "cuda/sm80/bwd_registry.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
+#include "cuda/common/intern_name.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
 
@@ -115,20 +115,13 @@ const Sm80Kernel& find_sm80_kernel(const ForwardParams& p) {
   return *best;
 }
 
-// Kernel names for RunInfo: stable storage, built once.
+// Kernel names for RunInfo, e.g. "sm80_fwd_bf16_hdim128_128x64_4w_splitkv".
 const char* kernel_name(const Sm80Kernel& k, bool split) {
-  static std::mutex mutex;
-  static std::deque<std::string> names;  // deque: handed-out c_str()s stay valid
-  std::lock_guard<std::mutex> lock(mutex);
   const FwdTile t = sm80_fwd_tile(k.head_dim);
-  const std::string name = std::string("sm80_fwd_") + element_name(k.dtype) + "_hdim" +
-                           std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
-                           std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
-                           (split ? "_splitkv" : "");
-  for (const std::string& n : names)
-    if (n == name) return n.c_str();
-  names.push_back(name);
-  return names.back().c_str();
+  return intern_name(std::string("sm80_fwd_") + element_name(k.dtype) + "_hdim" +
+                     std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
+                     std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                     (split ? "_splitkv" : ""));
 }
 
 int num_m_blocks(const ForwardParams& p, const FwdTile& t) {
@@ -217,17 +210,6 @@ std::string built_bwd_head_dims(ElementType dtype) {
   for (const Sm80BwdKernel& k : kSm80BwdKernels)
     if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
   return s.empty() ? "none" : s;
-}
-
-// Stable storage for a kernel name handed out in RunInfo.
-const char* intern_name(const std::string& name) {
-  static std::mutex mutex;
-  static std::deque<std::string> names;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const std::string& n : names)
-    if (n == name) return n.c_str();
-  names.push_back(name);
-  return names.back().c_str();
 }
 
 }  // namespace

@@ -9,11 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <string>
 
 #include "common/params.hpp"
+#include "cuda/common/intern_name.hpp"
 #include "cuda/sm90/fwd_registry.hpp"
 #include "cuda/sm90/tile_table.hpp"
 
@@ -86,20 +85,12 @@ inline int num_m_blocks(const ForwardParams& p, const Kernel& k) {
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
-// Stable storage for RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws".
+// RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws".
 inline const char* kernel_name(const Kernel& k) {
-  static std::mutex mutex;
-  static std::deque<std::string> names;  // deque: handed-out c_str()s stay valid
-  std::lock_guard<std::mutex> lock(mutex);
   const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
-  const std::string name = std::string("sm90_fwd_") +
-                           (k.dtype == ElementType::bf16 ? "bf16" : "fp16") + "_hdim" +
-                           std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
-                           std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws";
-  for (const std::string& n : names)
-    if (n == name) return n.c_str();
-  names.push_back(name);
-  return names.back().c_str();
+  return intern_name(std::string("sm90_fwd_") + (k.dtype == ElementType::bf16 ? "bf16" : "fp16") +
+                     "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdEpilogue<Traits> epilogue;
     PipelineState state;  // consumer states start at phase 0
     int work = 0;
+    FwdMainloop<Traits>::pingpong_start(tid);
     for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
          slot = Scheduler::next(kp, slot, gridDim.x)) {
       const Work w(kp, slot);
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       softmax.finalize(o_rc, kp.lse_scale, lse);
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
     }
+    FwdMainloop<Traits>::pingpong_finish(tid);
     epilogue.drain(tid);
   }
 #endif

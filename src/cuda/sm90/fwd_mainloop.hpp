@@ -15,8 +15,11 @@
 // Ping-pong (d <= 128, where the softmax is as long as the products): the two consumer
 // warpgroups take turns issuing their GEMMs through two named barriers, so one warpgroup's
 // softmax runs while the other's products occupy the tensor cores. Each warpgroup issues
-// k + 1 times for k key blocks (first S, k - 1 steady steps, last P V); warpgroup 1 gives the
-// first turn to warpgroup 0 and skips its own last hand-over, so both barriers end balanced.
+// k + 1 times for k key blocks (first S, k - 1 steady steps, last P V) and hands the turn
+// over after each. The turns run on across tiles: warpgroup 1's last hand-over of a tile
+// lets warpgroup 0 start the next tile while warpgroup 1 still runs its epilogue (and the
+// other way round). Warpgroup 1 gives the very first turn (pingpong_start) and warpgroup 0
+// takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -55,6 +58,17 @@ __forceinline__ __device__ void wgmma(TiledMma& tiled_mma, TA& a, TB const& b, T
 
 template <class Traits>
 struct FwdMainloop {
+  // Ping-pong bookends, called once per CTA by every consumer thread (tid among the 256)
+  // before its first tile and after its last (no-ops without ping-pong).
+  __device__ static void pingpong_start(int tid) {
+    if constexpr (Traits::kPingPong)
+      if (tid / 128 == 1) named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
+  }
+  __device__ static void pingpong_finish(int tid) {
+    if constexpr (Traits::kPingPong)
+      if (tid / 128 == 0) named_barrier_sync(NamedBarrier::kWarpScheduler0, 256);
+  }
+
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
@@ -178,14 +192,11 @@ struct FwdMainloop {
         named_barrier_sync(wg == 0 ? NamedBarrier::kWarpScheduler0
                                    : NamedBarrier::kWarpScheduler1, 256);
     };
-    auto turn_end = [&](bool last) {
+    auto turn_end = [&] {
       if constexpr (Traits::kPingPong)
-        if (!(last && wg == 1))
-          named_barrier_arrive(wg == 0 ? NamedBarrier::kWarpScheduler1
-                                       : NamedBarrier::kWarpScheduler0, 256);
+        named_barrier_arrive(wg == 0 ? NamedBarrier::kWarpScheduler1
+                                     : NamedBarrier::kWarpScheduler0, 256);
     };
-    if constexpr (Traits::kPingPong)
-      if (wg == 1) named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
 
     PipelineState k_state = state, v_state = state;
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
@@ -198,7 +209,7 @@ struct FwdMainloop {
     pipeline_k.consumer_wait(k_state);
     turn_begin();
     wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
-    turn_end(false);
+    turn_end();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_state);
     ++k_state;
@@ -214,7 +225,7 @@ struct FwdMainloop {
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
       wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
-      turn_end(false);
+      turn_end();
       warpgroup_wait<1>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
@@ -236,7 +247,7 @@ struct FwdMainloop {
     pipeline_v.consumer_wait(v_state);
     turn_begin();
     wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
-    turn_end(true);
+    turn_end();
     warpgroup_wait<0>();
     pipeline_v.consumer_release(v_state);
     ++v_state;
