@@ -1,6 +1,6 @@
 #pragma once
-// The sm90 forward mainloop: a producer (one thread of the producer warpgroup) streams Q once
-// and K, V block by block through TMA into shared-memory rings guarded by mbarriers; each
+// The sm90 forward mainloop: a producer (one thread of the producer warpgroup) loads each
+// tile's Q once and streams K, V block by block through TMA into shared-memory rings guarded by mbarriers; each
 // consumer warpgroup runs S = Q K^T (wgmma, both operands in shared memory), the online
 // softmax in registers and O += P V (wgmma, P from registers).
 //
