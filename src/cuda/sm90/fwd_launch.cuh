@@ -13,29 +13,10 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/sm90/fwd_kernel.hpp"
 #include "cuda/sm90/kernel_traits.hpp"
+#include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
-
-// A TMA descriptor needs every extent >= 1 (an empty key sequence loads nothing; its extent
-// is raised to 1) and every stride a multiple of 16 bytes. A mode of extent 1 is never
-// stepped, so its stride (callers may leave 0 or anything there) is replaced by the packed one.
-inline std::int64_t tma_stride(std::int64_t stride, std::int64_t extent, std::int64_t packed) {
-  return extent <= 1 ? packed : stride;
-}
-
-template <class Traits>
-typename Traits::GmemTensor gmem_view(const void* ptr, int rows, int dim, int heads, int batch,
-                                      const Strides& s) {
-  using namespace cute;
-  using Element = typename Traits::Element;
-  rows = rows > 0 ? rows : 1;
-  const std::int64_t row = tma_stride(s.row, rows, (std::int64_t(dim) + 7) / 8 * 8);
-  const std::int64_t head = tma_stride(s.head, heads, row * rows);
-  const std::int64_t bat = tma_stride(s.batch, batch, head * heads);
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
-                     make_shape(rows, dim, heads, batch), make_stride(row, _1{}, head, bat));
-}
 
 template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {

@@ -9,6 +9,9 @@ enum class NamedBarrier : int {
   // before issuing its GEMMs and, once they are issued, arrives on the other one's.
   kWarpScheduler0 = 8,
   kWarpScheduler1 = 9,
+  // Backward: both consumer warpgroups have written their halves of dS (and fenced them for
+  // the async proxy), so either may start dQ = dS K, which reads all of it.
+  kBwdDsReady = 10,
 };
 
 __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {
