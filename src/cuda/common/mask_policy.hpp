@@ -77,6 +77,21 @@ struct WindowMask {
     return {int(i_begin / block_m), int((i_end + block_m - 1) / block_m)};
   }
 
+  // The queries of query block [m0, m0 + block_m) that see key `col`, as block-relative
+  // bounds [first, last] clipped to [-1, block_m] (first > last: none; also when the key is
+  // past seqlen_k). The backward's mask: the int64 work is once per key row, each element is
+  // then two int compares.
+  FLASHCPP_HOST_DEVICE void col_window(int col, int m0, int block_m, int& first, int& last) const {
+    std::int64_t f = std::int64_t(col) - hi, l = std::int64_t(col) - lo;
+    if (f < 0) f = 0;
+    if (l > seqlen_q - 1) l = seqlen_q - 1;
+    if (col >= seqlen_k) l = -1;
+    f -= m0;
+    l -= m0;
+    first = int(f < -1 ? -1 : f > block_m ? block_m : f);
+    last = int(l < -1 ? -1 : l > block_m ? block_m : l);
+  }
+
   // True when every (row, key) pair of the tile rows [m0, m0 + block_m) x keys
   // [n0, n0 + block_n) is visible: both inside their sequences and the tile inside the band.
   FLASHCPP_HOST_DEVICE bool tile_unmasked(int m_block, int block_m, int n_block,

@@ -3,10 +3,10 @@
 // instantiations this build has, whether a call is covered, and the kernel names reported in
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
-// Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic,
+// Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic, Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
-// base pointer 16-byte aligned; required of dq, dk, dv too, which take paired 4-byte stores).
+// base pointer 16-byte aligned; required of dk and dv too, which take paired 4-byte stores).
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -53,6 +53,9 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
 inline bool bwd_covers(const BackwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
   if (p.head_dim_v != p.head_dim || p.is_varlen() || p.deterministic) return false;
+  // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
+  // dk, dv.
+  if (p.seqlen_q <= 0) return false;
   // dq_accum rows take 8-byte (2-float) reductions: an even head dim keeps them aligned.
   if (p.head_dim % 2 != 0 || find_bwd_kernel(p) == nullptr) return false;
   return tma_compatible(p.q, p.q_stride) && tma_compatible(p.k, p.k_stride) &&

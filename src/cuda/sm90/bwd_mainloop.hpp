@@ -16,6 +16,7 @@
 // matches; a key block that no query sees is skipped by both before any barrier is touched.
 // Q and dO share one PipelineState: stage i of both rings holds the same query block.
 #include <cmath>
+#include <cstdint>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -153,15 +154,14 @@ struct BwdMainloop {
     const float scale_log2 = kp.scale_log2;
 
     // The per-query values this thread needs for its 16 columns: each lane loads two queries'
-    // values (2 lane, 2 lane + 1) once per block and the warp shares them by shuffles, so the
-    // loads are issued before the products and no shared memory or barrier is involved.
-    auto spread = [&](float2 mine, float (&out)[kCols]) {
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; c += 2) {
-        const int src = get<1>(cS_rc(0, c)) / 2;
-        out[c] = __shfl_sync(0xffffffffu, mine.x, src);
-        out[c + 1] = __shfl_sync(0xffffffffu, mine.y, src);
-      }
+    // values (2 lane, 2 lane + 1) once per block and the warp shares them by shuffles where
+    // they are used, so the loads are issued before the products, no shared memory or barrier
+    // is involved and no 16-entry arrays stay live. Columns (c, c + 1), c even, are queries
+    // (q, q + 1) with q even: lane q / 2 holds both.
+    auto pair_of = [&](float2 mine, int c) {
+      const int src = get<1>(cS_rc(0, c)) / 2;
+      return make_float2(__shfl_sync(0xffffffffu, mine.x, src),
+                         __shfl_sync(0xffffffffu, mine.y, src));
     };
 
     PipelineState state;  // consumer states start at phase 0
@@ -192,46 +192,62 @@ struct BwdMainloop {
 
         Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
         Tensor dp_rc = make_tensor(acc_dp.data(), wgmma_acc_rowcol(acc_dp.layout()));
-        // Only tiles crossing a band edge or a sequence end carry the per-element mask.
+        // Only tiles crossing a band edge or a sequence end carry the per-element mask: the
+        // queries each of this thread's two keys sees, as block-relative bounds.
         const bool masked = !mask.tile_unmasked(m, kBlockM, n_block, kBlockN);
+        int first[kRows], last[kRows];
+        if (masked) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r)
+            mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
+        }
         auto visible = [&](int r, int c) {
-          const int key = n0 + get<0>(cS_rc(r, c)), query = m0 + get<1>(cS_rc(r, c));
-          return query < p.seqlen_q && mask.visible(query, key);
+          const int q = get<1>(cS_rc(r, c));
+          return q >= first[r] && q <= last[r];
         };
-        float lse[kCols];
-        spread(lse2, lse);
-
         warpgroup_wait<1>();  // S^T done; dP^T still running
         if (!has_softcap) {
           CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 lse = pair_of(lse2, c);
             CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const float x = fast_exp2(s_rc(r, c) * scale_log2 - lse[c]);
-              s_rc(r, c) = masked && !visible(r, c) ? 0.f : x;
-            }
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const float x = fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x));
+                s_rc(r, c + e) = masked && !visible(r, c + e) ? 0.f : x;
+              }
+          }
         }
-        float dsum[kCols];
-        spread(dsum2, dsum);
         warpgroup_wait<0>();  // dP^T done
         if (!has_softcap) {
           CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 dsum = pair_of(dsum2, c);
             CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dsum[c]);
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e)
+                dp_rc(r, c + e) = s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x));
+          }
         } else {
           // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
           // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
           CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 lse = pair_of(lse2, c);
+            const float2 dsum = pair_of(dsum2, c);
             CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const float t = tanhf(s_rc(r, c) * kp.softcap_in_scale);
-              const float x = fast_exp2(t * scale_log2 - lse[c]);
-              const float pr = masked && !visible(r, c) ? 0.f : x;
-              s_rc(r, c) = pr;
-              dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[c]) * (1.f - t * t);
-            }
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
+                const float x = fast_exp2(t * scale_log2 - (e ? lse.y : lse.x));
+                const float pr = masked && !visible(r, c + e) ? 0.f : x;
+                s_rc(r, c + e) = pr;
+                dp_rc(r, c + e) = pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
+              }
+          }
         }
 
         // dV += P^T dO.
@@ -243,11 +259,17 @@ struct BwdMainloop {
         Tensor ds_regs = convert_fragment<Element>(acc_dp);
         const int buf = iter & 1;
         Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
-        copy(ds_regs, tdSsdS);
+        // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
+        // query-contiguous dS, so one 4-byte store.
+        Tensor ds_pairs = recast<std::uint32_t>(ds_regs);
+        CUTE_UNROLL
+        for (int i = 0; i < size(ds_regs); i += 2)
+          *reinterpret_cast<std::uint32_t*>(&tdSsdS(i)) = ds_pairs(i / 2);
         // Generic-proxy writes that wgmma (async proxy) reads: fence before the barrier.
         cutlass::arch::fence_view_async_shared();
         Tensor tdKrdS = make_tensor(ds_regs.data(), wgmma_acc_as_a_operand(ds_regs.layout()));
         wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
+        warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators
 
         // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten two blocks later,
         // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
@@ -261,13 +283,20 @@ struct BwdMainloop {
         ++state;
 
         // dq_accum [B, Hq, Nq, head_dim] += dQ: one 8-byte reduction per adjacent pair.
+        // Full blocks of the full head dim (the common case) need no per-element predicate.
         float* dq_rows = kp.dq_accum + (row_base + m0) * p.head_dim;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {
+        auto add_dq = [&](int i) {
           const int row = get<0>(cdQ(i)), col = get<1>(cdQ(i));
-          if (row < rows_q && col < p.head_dim)
-            atomicAdd(reinterpret_cast<float2*>(dq_rows + std::int64_t(row) * p.head_dim + col),
-                      make_float2(acc_dq(i), acc_dq(i + 1)));
+          atomicAdd(reinterpret_cast<float2*>(dq_rows + std::int64_t(row) * p.head_dim + col),
+                    make_float2(acc_dq(i), acc_dq(i + 1)));
+        };
+        if (rows_q >= kBlockM && p.head_dim == kHeadDim) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2) add_dq(i);
+        } else {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2)
+            if (get<0>(cdQ(i)) < rows_q && get<1>(cdQ(i)) < p.head_dim) add_dq(i);
         }
       }
     }

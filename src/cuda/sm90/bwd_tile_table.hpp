@@ -5,8 +5,9 @@
 // A CTA owns block_n = 128 keys of one kv head: two consumer warpgroups of 64 keys each, plus
 // one producer warpgroup (384 threads). Query rows stream through in blocks of block_m = 64.
 // Per consumer thread the fp32 accumulators are dK and dV (D/2 floats each, kept for the whole
-// CTA), S^T and dP^T (32 floats each) and dQ (D/4 floats); at D = 128 that is ~230 of the 240
-// registers the consumers get, which is why the query block is 64 and not 128 (FA3 uses
+// CTA), S^T and dP^T (32 floats each, live together while dS is formed) and dQ (D/4 floats,
+// once S^T and dP^T are converted): at D = 128 the peak is 192 floats of the consumers' 240
+// registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
 // and dS (2 x block_m x block_n): 80 KB at D = 64, 160 KB at D = 128.

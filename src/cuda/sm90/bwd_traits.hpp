@@ -88,7 +88,10 @@ struct BwdTraits {
   // dS as (query, key, buffer), queries contiguous: the MN-major A operand of dQ = dS K. Two
   // buffers, so that one warpgroup can write block i + 1 while the other still reads block i.
   // The consumers write it through the (key, query, buffer) view, i.e. from dS^T registers.
-  using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+  // Not swizzled (8 x 8 core matrices of 128 contiguous bytes): a warp's 4-byte stores of
+  // one column group fill one core matrix, conflict-free, at addresses linear in the
+  // register index (the 128-byte swizzle cost per-element address registers at d128).
+  using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_INTER_Atom<Element>{},
                                               Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
   using SmemLayoutDst = decltype(composition(
       SmemLayoutDs{},
