@@ -166,10 +166,9 @@ struct BwdMainloop {
 
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
-    int iter = 0;
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       const std::int64_t row_base = (std::int64_t(batch) * p.heads_q + head) * p.seqlen_q;
-      for (int m = m_range.begin; m < m_range.end; ++m, ++iter) {
+      for (int m = m_range.begin; m < m_range.end; ++m) {
         const int m0 = m * kBlockM;
         const int rows_q = p.seqlen_q - m0;
         // Queries past the sequence: lse_log2 = +inf makes P = 0 there.
@@ -255,9 +254,11 @@ struct BwdMainloop {
         Tensor tdVrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
         wgmma<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, state.index()), acc_dv);
 
-        // dS^T to shared memory (buffer iter % 2) for dQ, then dK += dS^T Q.
+        // dS^T to shared memory for dQ, then dK += dS^T Q. The dS buffer alternates with the
+        // blocks, as the 2-stage Q/dO ring index does.
         Tensor ds_regs = convert_fragment<Element>(acc_dp);
-        const int buf = iter & 1;
+        static_assert(Traits::kStages == 2, "the dS buffer index is the ring index");
+        const int buf = state.index();
         Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
         // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
         // query-contiguous dS, so one 4-byte store.
