@@ -10,7 +10,7 @@
 // registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
-// and dS (2 x block_m x block_n): 80 KB at D = 64, 160 KB at D = 128.
+// and dS (2 x block_m x block_n): 96 KB at D = 64, 160 KB at D = 128.
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
