@@ -270,7 +270,8 @@ struct BwdMainloop {
         cutlass::arch::fence_view_async_shared();
         Tensor tdKrdS = make_tensor(ds_regs.data(), wgmma_acc_as_a_operand(ds_regs.layout()));
         wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
-        warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators
+        warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators,
+        pipeline_do.consumer_release(state);  // and dO (read by dP^T and dV only) is too
 
         // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten two blocks later,
         // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
@@ -278,9 +279,8 @@ struct BwdMainloop {
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
         wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
-        warpgroup_wait<0>();  // dV, dK, dQ done: Q, dO and dS buffer `buf` are free
+        warpgroup_wait<0>();  // dK, dQ done: Q and dS buffer `buf` are free
         pipeline_q.consumer_release(state);
-        pipeline_do.consumer_release(state);
         ++state;
 
         // dq_accum [B, Hq, Nq, head_dim] += dQ: one 8-byte reduction per adjacent pair.
