@@ -49,14 +49,14 @@ stage_build() {
 stage_test() {
   ctest --test-dir "$build" --output-on-failure &&
     # the switch back to the sm80 kernels for the automatic backend (read once per process)
-    FLASHCPP_DISABLE_SM90=1 "$build/tests/cpp/flashcpp_tests" --gtest_filter='CudaSm90Forward.Automatic*'
+    FLASHCPP_DISABLE_SM90=1 "$build/tests/cpp/flashcpp_tests" --gtest_filter='CudaSm90Forward.Automatic*:CudaSm90Backward.Automatic*'
 }
 
 stage_sanitize() {
   local tests="$build/tests/cpp/flashcpp_tests"
   # small problems that still cross tile edges, masks, split-KV, both architectures' forward
-  # kernels and the backward (atomic and deterministic dQ, varlen)
-  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel:CudaForward.BhsdStrides:CudaForward.RowsWithoutVisibleKeys*:CudaForward.SplitKvForced:CudaSm90Forward.ReportsBackendAndKernel:CudaSm90Forward.BhsdStrides:CudaSm90Forward.RowsWithoutVisibleKeys*:CudaBackward.BhsdStrides:CudaBackward.UnseenRowsAndKeysGiveZero:CudaBackward.VarlenWithEmptySequences}"
+  # kernels and both backwards (sm80: atomic and deterministic dQ, varlen; sm90a)
+  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel:CudaForward.BhsdStrides:CudaForward.RowsWithoutVisibleKeys*:CudaForward.SplitKvForced:CudaSm90Forward.ReportsBackendAndKernel:CudaSm90Forward.BhsdStrides:CudaSm90Forward.RowsWithoutVisibleKeys*:CudaBackward.BhsdStrides:CudaBackward.UnseenRowsAndKeysGiveZero:CudaBackward.VarlenWithEmptySequences:CudaSm90Backward.ReportsBackendAndKernel:CudaSm90Backward.BhsdStrides:CudaSm90Backward.UnseenRowsAndKeysGiveZero}"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filter" &&
     compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" --gtest_filter="$filter"
 }

@@ -1,5 +1,5 @@
 // The CUDA backend seen by the API layer: device queries, backend choice, split-KV decision,
-// workspace layout and dispatch to the generated sm80 instantiations.
+// workspace layout and dispatch to the generated sm80 and sm90a instantiations.
 #include "cuda/cuda_backend.hpp"
 
 #include <cmath>
@@ -16,9 +16,11 @@
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/common/tile_table.hpp"
 #include "cuda/common/bwd_params.hpp"
+#include "cuda/sm80/bwd_passes.hpp"
 #include "cuda/sm80/bwd_registry.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
 #include "cuda/common/intern_name.hpp"
+#include "cuda/sm90/bwd_dispatch.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
 
@@ -212,6 +214,58 @@ std::string built_bwd_head_dims(ElementType dtype) {
   return s.empty() ? "none" : s;
 }
 
+bool nothing_to_do_backward(const BackwardParams& p) {
+  return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
+}
+
+// The backward kernel parameters every backward path shares: folded scales and the workspace
+// carve-up (checked against what the call needs).
+BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace workspace) {
+  const std::uint64_t need = bwd_workspace_bytes(params);
+  if (need > 0 && (workspace.data == nullptr || workspace.bytes < need))
+    throw Error("workspace: needs " + std::to_string(need) + " bytes, got " +
+                std::to_string(workspace.data ? workspace.bytes : 0));
+
+  BwdKernelParams kp;
+  kp.p = params;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (params.softcap > 0.f) {
+    kp.softcap_in_scale = params.scale / params.softcap;
+    kp.scale_log2 = params.softcap * kLog2e;
+  } else {
+    kp.scale_log2 = params.scale * kLog2e;
+  }
+  const std::int64_t rows = bwd_rows(params);
+  kp.dq_accum = static_cast<float*>(workspace.data);
+  kp.dsum = kp.dq_accum + rows * params.head_dim;
+  kp.lse_log2 = kp.dsum + rows;
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
+  auto strided8 = [](const Strides& st) {
+    return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
+  };
+  kp.vec8 = params.head_dim % 8 == 0 && aligned(params.q) && aligned(params.k) &&
+            aligned(params.v) && aligned(params.dout) && strided8(params.q_stride) &&
+            strided8(params.k_stride) && strided8(params.v_stride) &&
+            strided8(params.dout_stride);
+  return kp;
+}
+
+// sm80 pre-pass, sm90a main kernel, sm80 post-pass on one workspace (bwd_params.hpp).
+RunInfo backward_sm90(const BackwardParams& params, Stream stream, Workspace workspace) {
+  const sm90::BwdKernel& kernel = *sm90::find_bwd_kernel(params);
+  const char* kname = sm90::bwd_kernel_name(kernel);
+  if (nothing_to_do_backward(params)) return {Backend::cuda_sm90, kname, 1};
+  BwdKernelParams kp = bwd_kernel_params(params, workspace);
+  kp.num_n_blocks = sm90::bwd_num_n_blocks(params, kernel);
+  launch_on_device(params.device, [&] {
+    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    sm80::bwd_preprocess(kp, s);
+    kernel.entry(kp, s);
+    sm80::bwd_postprocess(kp, s);
+  });
+  return {Backend::cuda_sm90, kname, 1};
+}
+
 }  // namespace
 
 int device_count() {
@@ -302,14 +356,26 @@ std::size_t backward_workspace_size(const ForwardParams& params, Backend backend
 
 RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
                  Workspace workspace) {
-  if (backend == Backend::cuda_sm90)
-    throw Error("cuda_sm90 backend: no sm90a backward kernel yet; request cuda_sm80 or automatic "
-                "(the sm80 backward runs on Hopper)");
   const DeviceInfo& dev = device_info(params.device);
   if (dev.major < 8)
     throw Error("cuda: device " + std::to_string(params.device) + " (" + dev.name + ", sm_" +
                 std::to_string(dev.major) + std::to_string(dev.minor) +
                 ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
+  // As in the forward: the sm90a backward runs on Hopper for an explicit request, and for
+  // automatic unless FLASHCPP_DISABLE_SM90=1; what it does not cover runs on sm80.
+  if (backend == Backend::cuda_sm90) {
+    if (!is_sm90(dev))
+      throw Error("cuda_sm90 backend: device " + std::to_string(params.device) + " (" + dev.name +
+                  ", sm_" + std::to_string(dev.major) + std::to_string(dev.minor) +
+                  ") is not sm90; the sm90a kernels need a Hopper GPU");
+    if (!sm90::any_bwd_built())
+      throw Error("cuda_sm90 backend: no sm90a backward kernel in this build (configure with 90a "
+                  "in FLASHCPP_CUDA_ARCHS and 64 or 128 in FLASHCPP_HEAD_DIMS)");
+  }
+  if ((backend == Backend::cuda_sm90 ||
+       (backend == Backend::automatic && !sm90::disabled_by_env())) &&
+      is_sm90(dev) && sm90::bwd_covers(params))
+    return backward_sm90(params, stream, workspace);
   if (params.head_dim_v != params.head_dim)
     throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
                 ") different from head_dim (" + std::to_string(params.head_dim) +
@@ -334,36 +400,9 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
                            "x" + std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
                            (params.deterministic ? "_deterministic" : "");
   const char* kname = intern_name(name);
-  if (params.batch == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
-    return {Backend::cuda_sm80, kname, 1};
+  if (nothing_to_do_backward(params)) return {Backend::cuda_sm80, kname, 1};
 
-  const std::uint64_t need = bwd_workspace_bytes(params);
-  if (need > 0 && (workspace.data == nullptr || workspace.bytes < need))
-    throw Error("workspace: needs " + std::to_string(need) + " bytes, got " +
-                std::to_string(workspace.data ? workspace.bytes : 0));
-
-  BwdKernelParams kp;
-  kp.p = params;
-  constexpr float kLog2e = 1.4426950408889634f;
-  if (params.softcap > 0.f) {
-    kp.softcap_in_scale = params.scale / params.softcap;
-    kp.scale_log2 = params.softcap * kLog2e;
-  } else {
-    kp.scale_log2 = params.scale * kLog2e;
-  }
-  const std::int64_t rows = bwd_rows(params);
-  kp.dq_accum = static_cast<float*>(workspace.data);
-  kp.dsum = kp.dq_accum + rows * params.head_dim;
-  kp.lse_log2 = kp.dsum + rows;
-  auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
-  auto strided8 = [](const Strides& st) {
-    return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
-  };
-  kp.vec8 = params.head_dim % 8 == 0 && aligned(params.q) && aligned(params.k) &&
-            aligned(params.v) && aligned(params.dout) && strided8(params.q_stride) &&
-            strided8(params.k_stride) && strided8(params.v_stride) &&
-            strided8(params.dout_stride);
-
+  const BwdKernelParams kp = bwd_kernel_params(params, workspace);
   launch_on_device(params.device,
                    [&] { kernel->entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm80, kname, 1};

@@ -18,6 +18,7 @@ struct BwdKernelParams {
   float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O)
   float* lse_log2 = nullptr;     // [B, Hq, Nq]: lse * log2(e); +inf where lse = -inf (P = 0)
   bool vec8 = false;             // q/k/v/dout loads can move 8 elements (16 bytes) at a time
+  int num_n_blocks = 0;          // sm90 main kernel: key blocks per (kv head, batch) in its grid
 };
 
 // One backward instantiation's tile: the main kernel's CTA owns block_n keys and walks the

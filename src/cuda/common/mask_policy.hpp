@@ -63,6 +63,45 @@ struct WindowMask {
     return {int(begin), int(end)};
   }
 
+  // Query blocks with a row that sees some key of key block n_block (keys [n0, n0 + block_n)
+  // clipped to seqlen_k): rows [n0 - hi, n_last - lo] clipped to [0, seqlen_q). The loop
+  // bounds of the backward, which walks query blocks for a fixed key block.
+  FLASHCPP_HOST_DEVICE BlockRange m_blocks(int n_block, int block_n, int block_m) const {
+    const std::int64_t n0 = std::int64_t(n_block) * block_n;
+    std::int64_t n_last = n0 + block_n - 1;
+    if (n_last > seqlen_k - 1) n_last = seqlen_k - 1;
+    std::int64_t i_begin = n0 - hi, i_end = n_last - lo + 1;
+    if (i_begin < 0) i_begin = 0;
+    if (i_end > seqlen_q) i_end = seqlen_q;
+    if (i_begin >= i_end) return {0, 0};
+    return {int(i_begin / block_m), int((i_end + block_m - 1) / block_m)};
+  }
+
+  // The queries of query block [m0, m0 + block_m) that see key `col`, as block-relative
+  // bounds [first, last] clipped to [-1, block_m] (first > last: none; also when the key is
+  // past seqlen_k). The backward's mask: the int64 work is once per key row, each element is
+  // then two int compares.
+  FLASHCPP_HOST_DEVICE void col_window(int col, int m0, int block_m, int& first, int& last) const {
+    std::int64_t f = std::int64_t(col) - hi, l = std::int64_t(col) - lo;
+    if (f < 0) f = 0;
+    if (l > seqlen_q - 1) l = seqlen_q - 1;
+    if (col >= seqlen_k) l = -1;
+    f -= m0;
+    l -= m0;
+    first = int(f < -1 ? -1 : f > block_m ? block_m : f);
+    last = int(l < -1 ? -1 : l > block_m ? block_m : l);
+  }
+
+  // True when every (row, key) pair of the tile rows [m0, m0 + block_m) x keys
+  // [n0, n0 + block_n) is visible: both inside their sequences and the tile inside the band.
+  FLASHCPP_HOST_DEVICE bool tile_unmasked(int m_block, int block_m, int n_block,
+                                          int block_n) const {
+    const std::int64_t m0 = std::int64_t(m_block) * block_m;
+    const std::int64_t n0 = std::int64_t(n_block) * block_n;
+    return m0 + block_m <= seqlen_q && n0 + block_n <= seqlen_k &&
+           n0 - (m0 + block_m - 1) >= lo && n0 + block_n - 1 - m0 <= hi;
+  }
+
   FLASHCPP_HOST_DEVICE bool visible(int row, int col) const {
     const std::int64_t d = std::int64_t(col) - row;
     return col < seqlen_k && d >= lo && d <= hi;

@@ -20,8 +20,6 @@
 // lets warpgroup 0 start the next tile while warpgroup 1 still runs its epilogue (and the
 // other way round). Warpgroup 1 gives the very first turn (pingpong_start) and warpgroup 0
 // takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -31,30 +29,11 @@
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
+#include "cuda/sm90/wgmma.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
-
-// acc (+)= A * B over all k slices with one commit; the caller waits (warpgroup_wait<N>).
-template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
-__forceinline__ __device__ void wgmma(TiledMma& tiled_mma, TA& a, TB const& b, TC& acc) {
-  // A from registers (P) rather than a shared-memory descriptor (Q): fence those registers too.
-  constexpr bool kRegA =
-      !std::is_same_v<std::remove_cvref_t<decltype(a.data())>, GMMA::DescriptorIterator>;
-  if constexpr (kRegA) warpgroup_fence_operand(a);
-  warpgroup_fence_operand(acc);
-  warpgroup_arrive();
-  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), acc);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(acc);
-  if constexpr (kRegA) warpgroup_fence_operand(a);
-}
 
 template <class Traits>
 struct FwdMainloop {

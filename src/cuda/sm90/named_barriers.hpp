@@ -12,6 +12,9 @@ enum class NamedBarrier : int {
   // Epilogue of consumer warpgroup w (its 128 threads): the O buffer is free / has been written.
   kEpilogue0 = 10,
   kEpilogue1 = 11,
+  // Backward: both consumer warpgroups have written their halves of dS (and fenced them for
+  // the async proxy), so either may start dQ = dS K, which reads all of it.
+  kBwdDsReady = 12,
 };
 
 __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {

@@ -1,0 +1,82 @@
+#pragma once
+// Host side of the sm90a backward seen by the dispatcher (cuda_backend.cu): which
+// instantiations this build has, whether a call is covered, and the kernel names reported in
+// RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
+//
+// Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic, Nq = 0,
+// head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
+// pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
+// base pointer 16-byte aligned; required of dk and dv too, which take paired 4-byte stores).
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "cuda/common/intern_name.hpp"
+#include "cuda/sm90/bwd_registry.hpp"
+#include "cuda/sm90/bwd_tile_table.hpp"
+#include "cuda/sm90/fwd_dispatch.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+struct BwdKernel {
+  ElementType dtype;
+  int head_dim;
+  BwdEntry entry;
+};
+
+#define FLASHCPP_SM90_BWD(dtype, hdim) {ElementType::dtype, hdim, &bwd_##dtype##_hdim##hdim},
+inline constexpr BwdKernel kBwdKernels[] = {
+#include "bwd_sm90_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM90_BWD
+
+inline bool any_bwd_built() {
+  for (const BwdKernel& k : kBwdKernels)
+    if (k.entry) return true;
+  return false;
+}
+
+// The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
+// run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
+inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
+  const BwdKernel* best = nullptr;
+  for (const BwdKernel& k : kBwdKernels)
+    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
+        (!best || k.head_dim < best->head_dim))
+      best = &k;
+  return best;
+}
+
+// True when the sm90 backward main kernel can run this call.
+inline bool bwd_covers(const BackwardParams& p) {
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  if (p.head_dim_v != p.head_dim || p.is_varlen() || p.deterministic) return false;
+  // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
+  // dk, dv.
+  if (p.seqlen_q <= 0) return false;
+  // dq_accum rows take 8-byte (2-float) reductions: an even head dim keeps them aligned.
+  if (p.head_dim % 2 != 0 || find_bwd_kernel(p) == nullptr) return false;
+  const int nq = p.seqlen_q, nk = p.seqlen_k, hq = p.heads_q, hk = p.heads_kv, b = p.batch;
+  return tma_compatible(p.q, p.q_stride, nq, hq, b) &&
+         tma_compatible(p.k, p.k_stride, nk, hk, b) &&
+         tma_compatible(p.v, p.v_stride, nk, hk, b) &&
+         tma_compatible(p.dout, p.dout_stride, nq, hq, b) &&
+         tma_compatible(p.dk, p.dk_stride, nk, hk, b) &&
+         tma_compatible(p.dv, p.dv_stride, nk, hk, b);
+}
+
+inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
+  const int block_n = sm90_bwd_tile(k.head_dim).block_n;
+  return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
+}
+
+// RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws".
+inline const char* bwd_kernel_name(const BwdKernel& k) {
+  const Sm90BwdTile t = sm90_bwd_tile(k.head_dim);
+  return intern_name(std::string("sm90_bwd_") + (k.dtype == ElementType::bf16 ? "bf16" : "fp16") +
+                     "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
+}
+
+}  // namespace flashcpp::detail::cuda::sm90

@@ -1,0 +1,307 @@
+#pragma once
+// The sm90 backward mainloop for one key block (128 keys of one kv head): a producer (one
+// thread of the producer warpgroup) loads K and V once and streams Q and dO blocks of 64 query
+// rows through two 2-stage TMA rings, for every query head of the kv head's group and every
+// query block that sees some of the keys; each consumer warpgroup (64 of the keys) runs, per
+// query block,
+//   S^T = K Q^T, dP^T = V dO^T                  (issued together)
+//   P^T = exp2(S^T * scale_log2 - lse_log2)     (while dP^T is still on the tensor cores)
+//   dS^T = P^T o (dP^T - dsum)                  (softcap: o (1 - tanh^2), see below)
+//   dV += P^T dO, dK += dS^T Q                  (P^T, dS^T straight from registers)
+//   dS^T -> shared memory; both warpgroups meet; dQ = dS K (each warpgroup half the columns)
+//   dq_accum += dQ                              (fp32 vector reductions to global memory)
+// dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
+//
+// Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
+// matches; a key block that no query sees is skipped by both before any barrier is touched.
+// Q and dO share one PipelineState: stage i of both rings holds the same query block.
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/common/fragment_utils.hpp"
+#include "cuda/common/mask_policy.hpp"
+#include "cuda/common/softmax.hpp"
+#include "cuda/sm90/bwd_params.hpp"
+#include "cuda/sm90/named_barriers.hpp"
+#include "cuda/sm90/softmax.hpp"
+#include "cuda/sm90/wgmma.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Traits::PipelineState;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  // Producer: one elected thread. K and V of the key block once, then Q_i and dO_i for every
+  // (query head, query block) in the consumers' order. m_range is non-empty.
+  __device__ void load(const BwdParams<Traits>& params, int n_block, int head_kv, int batch,
+                       BlockRange m_range, Pipeline& pipeline_q, Pipeline& pipeline_do,
+                       SharedStorage& ss) const {
+    const BackwardParams& p = params.kp.p;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+
+    Tensor mQ = params.tma_q.get_tma_tensor(
+        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+    Tensor mdO = params.tma_do.get_tma_tensor(
+        make_shape(p.seqlen_q, p.head_dim_v, p.heads_q, p.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(
+        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(
+        make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
+    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(n_block, _0{}));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+
+    // K and V are read by this CTA only; Q and dO by every key block of the head: keep those
+    // in L2.
+    using cute::TMA::CacheHintSm90;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.kv_full, Traits::kKVBytes);
+    copy(params.tma_k.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
+    copy(params.tma_v.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
+
+    const int group = p.heads_q / p.heads_kv;
+    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+    for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
+      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(_, _0{}));  // (kBlockM, kHeadDim, m)
+      Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                              make_coord(_, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, _0{}, Layout<_1>{},
+                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      for (int m = m_range.begin; m < m_range.end; ++m) {
+        pipeline_q.producer_acquire(state);
+        copy(params.tma_q.with(*pipeline_q.producer_get_barrier(state), 0,
+                               CacheHintSm90::EVICT_LAST),
+             tQgQ(_, m), tQsQ(_, state.index()));
+        pipeline_do.producer_acquire(state);
+        copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state), 0,
+                                CacheHintSm90::EVICT_LAST),
+             tdOgdO(_, m), tdOsdO(_, state.index()));
+        ++state;
+      }
+    }
+  }
+
+  // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
+  // unscaled dK and dV of this thread's keys into acc_dk, acc_dv; m_range is non-empty.
+  template <class AccDkv>
+  __device__ void mma(const BwdKernelParams& kp, const WindowMask& mask, int n_block,
+                      int head_kv, int batch, BlockRange m_range, Pipeline& pipeline_q,
+                      Pipeline& pipeline_do, SharedStorage& ss, int tid, AccDkv& acc_dk,
+                      AccDkv& acc_dv) const {
+    const BackwardParams& p = kp.p;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDot{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutDs{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutDst{});
+
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmaDkv mma_dkv;
+    typename Traits::TiledMmaDq mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(tid);
+    auto thr_dkv = mma_dkv.get_thread_slice(tid);
+    auto thr_dq = mma_dq.get_thread_slice(tid);
+    // Shared-memory descriptors; the A operands of S^T and dP^T are this warpgroup's 64 keys.
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);       // (1, 1, D/16)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (1, 1, D/16, stages)
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);      // (1, 1, D/16)
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);    // (1, 1, D/16, stages)
+    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (1, 1, kBlockM/16, stages)
+    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);    // (1, 1, kBlockM/16, stages)
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (1, 1, kBlockN/16, 2)
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // (1, 1, kBlockN/16)
+
+    // (key, query) of every S^T element this thread holds, in the (row, col) view: each thread
+    // holds 2 key rows and 16 query columns, in adjacent pairs (2c, 2c + 1).
+    Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), wgmma_acc_rowcol(cS.layout()));
+    constexpr int kRows = decltype(size<0>(cS_rc))::value;
+    constexpr int kCols = decltype(size<1>(cS_rc))::value;
+    static_assert(kCols % 2 == 0);
+    // (query, dim) of every dQ element this thread holds; pairs (2i, 2i + 1) are adjacent dims.
+    Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+    const int n0 = n_block * kBlockN;
+    const int lane = tid % 32;
+    const int group = p.heads_q / p.heads_kv;
+    const bool has_softcap = kp.softcap_in_scale != 0.f;
+    const float scale_log2 = kp.scale_log2;
+
+    // The per-query values this thread needs for its 16 columns: each lane loads two queries'
+    // values (2 lane, 2 lane + 1) once per block and the warp shares them by shuffles where
+    // they are used, so the loads are issued before the products, no shared memory or barrier
+    // is involved and no 16-entry arrays stay live. Columns (c, c + 1), c even, are queries
+    // (q, q + 1) with q even: lane q / 2 holds both.
+    auto pair_of = [&](float2 mine, int c) {
+      const int src = get<1>(cS_rc(0, c)) / 2;
+      return make_float2(__shfl_sync(0xffffffffu, mine.x, src),
+                         __shfl_sync(0xffffffffu, mine.y, src));
+    };
+
+    PipelineState state;  // consumer states start at phase 0
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+    for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
+      const std::int64_t row_base = (std::int64_t(batch) * p.heads_q + head) * p.seqlen_q;
+      for (int m = m_range.begin; m < m_range.end; ++m) {
+        const int m0 = m * kBlockM;
+        const int rows_q = p.seqlen_q - m0;
+        // Queries past the sequence: lse_log2 = +inf makes P = 0 there.
+        float2 lse2{INFINITY, INFINITY}, dsum2{0.f, 0.f};
+        if (2 * lane < rows_q) {
+          lse2.x = kp.lse_log2[row_base + m0 + 2 * lane];
+          dsum2.x = kp.dsum[row_base + m0 + 2 * lane];
+        }
+        if (2 * lane + 1 < rows_q) {
+          lse2.y = kp.lse_log2[row_base + m0 + 2 * lane + 1];
+          dsum2.y = kp.dsum[row_base + m0 + 2 * lane + 1];
+        }
+
+        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        pipeline_q.consumer_wait(state);
+        wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
+        pipeline_do.consumer_wait(state);
+        wgmma<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.index()), acc_dp);
+
+        Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
+        Tensor dp_rc = make_tensor(acc_dp.data(), wgmma_acc_rowcol(acc_dp.layout()));
+        // Only tiles crossing a band edge or a sequence end carry the per-element mask: the
+        // queries each of this thread's two keys sees, as block-relative bounds.
+        const bool masked = !mask.tile_unmasked(m, kBlockM, n_block, kBlockN);
+        int first[kRows], last[kRows];
+        if (masked) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r)
+            mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
+        }
+        auto visible = [&](int r, int c) {
+          const int q = get<1>(cS_rc(r, c));
+          return q >= first[r] && q <= last[r];
+        };
+        warpgroup_wait<1>();  // S^T done; dP^T still running
+        if (!has_softcap) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 lse = pair_of(lse2, c);
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const float x = fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x));
+                s_rc(r, c + e) = masked && !visible(r, c + e) ? 0.f : x;
+              }
+          }
+        }
+        warpgroup_wait<0>();  // dP^T done
+        if (!has_softcap) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 dsum = pair_of(dsum2, c);
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e)
+                dp_rc(r, c + e) = s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x));
+          }
+        } else {
+          // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
+          // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; c += 2) {
+            const float2 lse = pair_of(lse2, c);
+            const float2 dsum = pair_of(dsum2, c);
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
+                const float x = fast_exp2(t * scale_log2 - (e ? lse.y : lse.x));
+                const float pr = masked && !visible(r, c + e) ? 0.f : x;
+                s_rc(r, c + e) = pr;
+                dp_rc(r, c + e) = pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
+              }
+          }
+        }
+
+        // dV += P^T dO.
+        Tensor p_regs = convert_fragment<Element>(acc_s);
+        Tensor tdVrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
+        wgmma<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, state.index()), acc_dv);
+
+        // dS^T to shared memory for dQ, then dK += dS^T Q. The dS buffer alternates with the
+        // blocks, as the 2-stage Q/dO ring index does.
+        Tensor ds_regs = convert_fragment<Element>(acc_dp);
+        static_assert(Traits::kStages == 2, "the dS buffer index is the ring index");
+        const int buf = state.index();
+        Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
+        // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
+        // query-contiguous dS, so one 4-byte store.
+        Tensor ds_pairs = recast<std::uint32_t>(ds_regs);
+        CUTE_UNROLL
+        for (int i = 0; i < size(ds_regs); i += 2)
+          *reinterpret_cast<std::uint32_t*>(&tdSsdS(i)) = ds_pairs(i / 2);
+        // Generic-proxy writes that wgmma (async proxy) reads: fence before the barrier.
+        cutlass::arch::fence_view_async_shared();
+        Tensor tdKrdS = make_tensor(ds_regs.data(), wgmma_acc_as_a_operand(ds_regs.layout()));
+        wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
+        warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators,
+        pipeline_do.consumer_release(state);  // and dO (read by dP^T and dV only) is too
+
+        // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten two blocks later,
+        // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
+        named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
+        wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
+        warpgroup_wait<0>();  // dK, dQ done: Q and dS buffer `buf` are free
+        pipeline_q.consumer_release(state);
+        ++state;
+
+        // dq_accum [B, Hq, Nq, head_dim] += dQ: one 8-byte reduction per adjacent pair.
+        // Full blocks of the full head dim (the common case) need no per-element predicate.
+        float* dq_rows = kp.dq_accum + (row_base + m0) * p.head_dim;
+        auto add_dq = [&](int i) {
+          const int row = get<0>(cdQ(i)), col = get<1>(cdQ(i));
+          atomicAdd(reinterpret_cast<float2*>(dq_rows + std::int64_t(row) * p.head_dim + col),
+                    make_float2(acc_dq(i), acc_dq(i + 1)));
+        };
+        if (rows_q >= kBlockM && p.head_dim == kHeadDim) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2) add_dq(i);
+        } else {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2)
+            if (get<0>(cdQ(i)) < rows_q && get<1>(cdQ(i)) < p.head_dim) add_dq(i);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flashcpp::detail::cuda::sm90

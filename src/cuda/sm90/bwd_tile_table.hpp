@@ -1,0 +1,47 @@
+#pragma once
+// The one tile table of the sm90a (TMA + wgmma, warp-specialised) backward main kernel, read by
+// the host (grid, kernel name, which head dims get a TU) and by the device code (traits).
+//
+// A CTA owns block_n = 128 keys of one kv head: two consumer warpgroups of 64 keys each, plus
+// one producer warpgroup (384 threads). Query rows stream through in blocks of block_m = 64.
+// Per consumer thread the fp32 accumulators are dK and dV (D/2 floats each, kept for the whole
+// CTA), S^T and dP^T (32 floats each, live together while dS is formed) and dQ (D/4 floats,
+// once S^T and dP^T are converted): at D = 128 the peak is 192 floats of the consumers' 240
+// registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
+// 64 x 128 at hdim128 for causal/softcap for the same reason).
+// Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
+// and dS (2 x block_m x block_n): 96 KB at D = 64, 160 KB at D = 128.
+// Host constexpr only: device code reads it at compile time.
+
+namespace flashcpp::detail::cuda {
+
+struct Sm90BwdTile {
+  int head_dim;  // the instantiated (padded) head dim
+  int block_m;   // query rows per main-loop iteration
+  int block_n;   // keys per CTA (2 consumer warpgroups x 64)
+  int stages;    // depth of the Q and of the dO shared-memory ring
+};
+
+inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
+    {64, 64, 128, 2},
+    {128, 64, 128, 2},
+};
+
+// The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
+// >= head_dim; smaller dims run zero-padded). Returns {0,...} when none is large enough.
+constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
+  for (const Sm90BwdTile& t : kSm90BwdTiles)
+    if (t.head_dim >= head_dim) return t;
+  return {0, 0, 0, 0};
+}
+
+// Tile payload in shared memory (the kernel adds a few mbarriers on top).
+constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
+  return (2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim +
+          2 * t.block_m * t.block_n) *
+         element_bytes;
+}
+
+static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);
+
+}  // namespace flashcpp::detail::cuda

@@ -1,0 +1,134 @@
+#pragma once
+// Compile-time description of one sm90a backward instantiation: the tile (from the tile
+// table), the four warpgroup MMAs, the swizzled shared-memory layouts that TMA writes and
+// wgmma reads, the TMA copy types, the Q and dO pipelines and the shared-memory storage.
+//
+// Products per query block (the "T" views are the same shared memory read transposed):
+//   S^T  = K Q^T     (128 keys x 64 queries)  SS, warpgroup w takes keys [64w, 64w + 64)
+//   dP^T = V dO^T    (same shape)             SS
+//   dV  += P^T dO    (128 keys x D)           RS, P^T straight from the S^T registers
+//   dK  += dS^T Q    (128 keys x D)           RS, dS^T straight from the dP^T registers
+//   dQ   = dS K      (64 queries x D)         SS, dS from shared memory; warpgroup w takes
+//                                             head-dim columns [wD/2, wD/2 + D/2)
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/sm90/bwd_tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
+  static_assert(kTile.head_dim == kHeadDim_, "head dim must be an sm90 backward tile entry");
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+  static_assert(kBlockN == 128 && kBlockM == 64, "two consumer warpgroups of 64 keys, 64 queries");
+  static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
+  static constexpr int kDqCols = kHeadDim / kConsumerWarpgroups;  // dQ columns per warpgroup
+
+  // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers at
+  // 384 threads: setmaxnreg needs the totals to match the entry allocation.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <= (kThreads / 128) * 168);
+
+  // One 64-row wgmma atom per consumer warpgroup, stacked along M (keys) for S^T, dP^T, dK, dV
+  // and side by side along N (head dim) for dQ, whose M is the 64 query rows.
+  using AtomLayoutKeys = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  using AtomLayoutDq = Layout<Shape<_1, Int<kConsumerWarpgroups>, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(),
+      AtomLayoutKeys{}));
+  using TiledMmaDkv = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayoutKeys{}));
+  using TiledMmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kDqCols>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AtomLayoutDq{}));
+
+  // Q, dO, V: K-major 128-byte swizzle (atoms of 8 rows x 64 elements), as TMA writes them.
+  // K: read K-major by S^T and MN-major by dQ, where each warpgroup's B slice is kDqCols wide;
+  // an MN-major wgmma operand must span whole swizzle atoms, so K uses the swizzle whose atom is
+  // kDqCols elements wide (64 B at D = 64, 128 B at D = 128).
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemAtomK = std::conditional_t<kDqCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                       GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutDo = SmemLayoutQ;
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Q and dO as (D, query, stage): the B operands of dK += dS^T Q and dV += P^T dO.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
+  using SmemLayoutDot = SmemLayoutQt;
+  // K as (D, key): the B operand of dQ = dS K.
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{},
+      make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // dS as (query, key, buffer), queries contiguous: the MN-major A operand of dQ = dS K. Two
+  // buffers, so that one warpgroup can write block i + 1 while the other still reads block i.
+  // The consumers write it through the (key, query, buffer) view, i.e. from dS^T registers.
+  // Not swizzled (8 x 8 core matrices of 128 contiguous bytes): a warp's 4-byte stores of
+  // one column group fill one core matrix, conflict-free, at addresses linear in the
+  // register index (the 128-byte swizzle cost per-element address registers at d128).
+  using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_INTER_Atom<Element>{},
+                                              Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutDst = decltype(composition(
+      SmemLayoutDs{},
+      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
+  // past the sequence and columns past the real head dim come back as zeros.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    // 1024-byte alignment: the 128-byte swizzle pattern repeats every 8 rows of 128 B.
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDo>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    typename Pipeline::SharedStorage pipeline_q;
+    typename Pipeline::SharedStorage pipeline_do;
+    alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+};
+
+}  // namespace flashcpp::detail::cuda::sm90

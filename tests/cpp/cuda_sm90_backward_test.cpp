@@ -1,0 +1,255 @@
+// CUDA sm90a backward (TMA + wgmma main kernel between the sm80 pre- and post-pass) against
+// the float64 reference backward, requested explicitly with Backend::cuda_sm90. The harness
+// (same data, NaN-poisoned gradients, reference and error bounds as cuda_backward_test.cpp) is
+// cuda_bwd_harness.hpp. Every test skips without a GPU, on a GPU that is not sm90, and in a
+// build without the sm90a backward kernels; the fp16 test also skips when fp16 is not built.
+// Lengths are chosen around the tiles (128 keys per CTA, 64 query rows per iteration): 1, 77,
+// 200 and 1000 are not multiples of either.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "cuda_bwd_harness.hpp"
+#include "cuda_test_harness.hpp"
+#include "flashcpp/flashcpp.hpp"
+
+#ifdef FLASHCPP_TEST_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace flashcpp {
+namespace {
+
+#ifdef FLASHCPP_TEST_WITH_CUDA
+
+using namespace cuda_test;
+
+// A case that requests Backend::cuda_sm90 and must run on it.
+struct Sm90BwdCase : BwdCase {
+  Sm90BwdCase() {
+    backend = Backend::cuda_sm90;
+    expect = Backend::cuda_sm90;
+  }
+};
+
+// Why the sm90 backward suite cannot run here, or empty when it can: a 1 x 1 bf16 d64 call
+// tells whether this build has the sm90a backward kernel and this GPU can run it.
+std::string sm90_bwd_skip_reason() {
+  if (!cuda_available()) return "no CUDA GPU";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
+  if (prop.major != 9 || prop.minor != 0)
+    return std::string("device 0 (") + prop.name + ") is not sm90";
+  try {
+    BwdResult r;
+    run_bwd_case(Sm90BwdCase{}, r);
+    if (r.info.backend != Backend::cuda_sm90)
+      return std::string("a bf16 d64 backward ran on ") + backend_name(r.info.backend);
+  } catch (const Error& e) {
+    return e.what();  // e.g. no sm90a backward kernel in this build
+  }
+  return "";
+}
+
+class CudaSm90Backward : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static const std::string reason = sm90_bwd_skip_reason();
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+
+TEST_F(CudaSm90Backward, ReportsBackendAndKernel) {
+  Sm90BwdCase c;
+  c.Nq = c.Nk = 64;
+  const BwdResult r = check(c);
+  EXPECT_NE(std::string(r.info.kernel).find("sm90_bwd_bf16_hdim64"), std::string::npos)
+      << r.info.kernel;
+  EXPECT_EQ(r.info.num_splits, 1);
+}
+
+// The automatic backend runs the sm90 backward on Hopper unless FLASHCPP_DISABLE_SM90=1.
+TEST_F(CudaSm90Backward, AutomaticBackendFollowsTheSwitch) {
+  const char* env = std::getenv("FLASHCPP_DISABLE_SM90");
+  const bool disabled = env != nullptr && std::string(env) == "1";
+  Sm90BwdCase c;
+  c.Nq = 77;
+  c.Nk = 200;
+  c.causal = true;
+  c.backend = Backend::automatic;
+  c.expect = disabled ? Backend::cuda_sm80 : Backend::cuda_sm90;
+  check(c);
+}
+
+// Both head dims, causal or not, every pair of lengths from {1, 77, 200, 1000} with Nq != Nk
+// both ways, plus 128 x 128 (exact tiles) and 113 x 203. B 2, 2 heads.
+TEST_F(CudaSm90Backward, HeadDimsLengthsCausal) {
+  for (int d : {64, 128})
+    for (auto [nq, nk] : {std::pair{1, 1}, {77, 77}, {200, 200}, {128, 128}, {1, 200},
+                          {200, 1}, {77, 1000}, {1000, 77}, {113, 203}, {203, 113}})
+      for (bool causal : {false, true}) {
+        Sm90BwdCase c;
+        c.D = d;
+        c.B = 2;
+        c.Hq = c.Hkv = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.causal = causal;
+        check(c);
+      }
+}
+
+TEST_F(CudaSm90Backward, LongSequence) {
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      Sm90BwdCase c;
+      c.Nq = c.Nk = 1000;
+      c.D = d;
+      c.causal = causal;
+      check(c);
+    }
+}
+
+// Head dims below an instantiated one run zero-padded on it (d32 and d80 on hdim64/hdim128).
+TEST_F(CudaSm90Backward, PaddedHeadDims) {
+  for (int d : {32, 80})
+    for (bool causal : {false, true}) {
+      Sm90BwdCase c;
+      c.D = d;
+      c.Nq = 150;
+      c.Nk = 260;
+      c.causal = causal;
+      check(c);
+    }
+}
+
+TEST_F(CudaSm90Backward, GqaAndMqa) {
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}})
+    for (int d : {64, 128})
+      for (bool causal : {false, true}) {
+        Sm90BwdCase c;
+        c.Hq = hq;
+        c.Hkv = hkv;
+        c.D = d;
+        c.Nq = 113;
+        c.Nk = 203;
+        c.causal = causal;
+        check(c);
+      }
+  Sm90BwdCase c;  // many query blocks per head and several heads per kv head
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.D = 128;
+  c.Nq = c.Nk = 1000;
+  c.causal = true;
+  check(c);
+}
+
+TEST_F(CudaSm90Backward, WindowAndSoftcap) {
+  for (int d : {64, 128})
+    for (auto [wl, wr] : {std::pair{-1, -1}, {32, 0}, {17, 5}, {-1, 40}, {0, 0}, {150, 100}})
+      for (float softcap : {0.f, 5.f}) {
+        Sm90BwdCase c;
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.D = d;
+        c.Nq = 150;
+        c.Nk = 260;
+        c.wl = wl;
+        c.wr = wr;
+        c.softcap = softcap;
+        check(c);
+      }
+  Sm90BwdCase c;
+  c.Nq = 203;
+  c.Nk = 113;
+  c.D = 128;
+  c.causal = true;
+  c.softcap = 30.f;
+  check(c);
+}
+
+TEST_F(CudaSm90Backward, BhsdStrides) {
+  for (bool causal : {false, true}) {
+    Sm90BwdCase c;
+    c.bhsd = true;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Nq = 200;
+    c.Nk = 333;
+    c.D = 128;
+    c.causal = causal;
+    check(c);
+  }
+}
+
+// Queries that see no key get dq = 0 and keys no query sees get dk = dv = 0, exactly; with
+// Nk = 1000 and window (0, 0) the first 7 key blocks see no query at all (CTAs that load
+// nothing and only store zeros).
+TEST_F(CudaSm90Backward, UnseenRowsAndKeysGiveZero) {
+  {
+    Sm90BwdCase c;  // bottom-right causal: query i sees keys j <= i - 6; queries 0..5 see none
+    c.Nq = 10;
+    c.Nk = 4;
+    c.causal = true;
+    const BwdResult r = check(c);
+    for (int i = 0; i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
+  }
+  for (int nk : {10, 1000}) {
+    Sm90BwdCase c;  // window (0, 0): query i sees key i + nk - 4 only
+    c.Nq = 4;
+    c.Nk = nk;
+    c.wl = c.wr = 0;
+    const BwdResult r = check(c);
+    for (int i = 0; i < (nk - 4) * c.D; ++i) {
+      ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
+      ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
+    }
+  }
+}
+
+TEST_F(CudaSm90Backward, Fp16) {
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      Sm90BwdCase c;
+      c.dtype = DType::fp16;
+      c.D = d;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Nq = 200;
+      c.Nk = 77;
+      c.causal = causal;
+      try {
+        check(c);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("in this build") != std::string::npos)
+          GTEST_SKIP() << e.what();
+        throw;
+      }
+    }
+}
+
+TEST_F(CudaSm90Backward, WorkspaceTooSmallThrows) {
+  Sm90BwdCase c;
+  c.Nq = c.Nk = 100;
+  c.workspace_shortfall = 4;
+  BwdResult r;
+  try {
+    run_bwd_case(c, r);
+    FAIL() << "expected flashcpp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
+  }
+}
+
+#else  // built without CUDA: the suite still compiles and says why it does nothing
+
+TEST(CudaSm90Backward, NeedsCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
+
+}  // namespace
+}  // namespace flashcpp
