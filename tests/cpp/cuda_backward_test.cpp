@@ -80,77 +80,13 @@ TEST_F(CudaBackward, WindowAndSoftcap) {
   check(c);
 }
 
-TEST_F(CudaBackward, GqaAndMqa) {
-  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}})
-    for (int d : {64, 128})
-      for (bool causal : {false, true}) {
-        BwdCase c;
-        c.Hq = hq;
-        c.Hkv = hkv;
-        c.D = d;
-        c.Nq = 113;
-        c.Nk = 203;
-        c.causal = causal;
-        check(c);
-      }
-}
+TEST_F(CudaBackward, GqaAndMqa) { check_gqa_and_mqa(BwdCase{}); }
 
-TEST_F(CudaBackward, BhsdStrides) {
-  for (bool causal : {false, true}) {
-    BwdCase c;
-    c.bhsd = true;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.Nq = 200;
-    c.Nk = 333;
-    c.D = 128;
-    c.causal = causal;
-    check(c);
-  }
-}
+TEST_F(CudaBackward, BhsdStrides) { check_bhsd_strides(BwdCase{}); }
 
-// Queries that see no key get dq = 0 and keys no query sees get dk = dv = 0, exactly.
-TEST_F(CudaBackward, UnseenRowsAndKeysGiveZero) {
-  {
-    BwdCase c;  // bottom-right causal: query i sees keys j <= i - 6; queries 0..5 see none
-    c.Nq = 10;
-    c.Nk = 4;
-    c.causal = true;
-    const BwdResult r = check(c);
-    for (int i = 0; i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
-  }
-  {
-    BwdCase c;  // window (0, 0): query i sees key i + 6 only; keys 0..5 unseen
-    c.Nq = 4;
-    c.Nk = 10;
-    c.wl = c.wr = 0;
-    const BwdResult r = check(c);
-    for (int i = 0; i < 6 * c.D; ++i) {
-      ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
-      ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
-    }
-  }
-}
+TEST_F(CudaBackward, UnseenRowsAndKeysGiveZero) { check_unseen_rows_and_keys_give_zero(BwdCase{}); }
 
-TEST_F(CudaBackward, WorkspaceTooSmallThrows) {
-  for (bool varlen : {false, true}) {
-    BwdCase c;
-    c.Nq = c.Nk = 100;
-    if (varlen) {
-      c.seqlens_q = {100, 30};
-      c.seqlens_k = {50, 100};
-    }
-    c.workspace_shortfall = 4;
-    BwdResult r;
-    try {
-      run_bwd_case(c, r);
-      ADD_FAILURE() << "expected flashcpp::Error (" << describe(c) << ")";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
-    }
-  }
-}
+TEST_F(CudaBackward, WorkspaceTooSmallThrows) { check_workspace_too_small_throws(BwdCase{}); }
 
 // deterministic = true: five runs give the same bits and the right gradients. dQ then comes
 // from the dq kernel (no atomics); the shapes include many key blocks adding into the same dQ

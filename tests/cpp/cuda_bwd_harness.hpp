@@ -291,6 +291,91 @@ inline BwdResult check(const BwdCase& c, int repeats = 1) {
   return r;
 }
 
+// Checks both backward suites run on their own base case (which sets the backend requested
+// and expected).
+
+inline void check_gqa_and_mqa(const BwdCase& base) {
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}})
+    for (int d : {64, 128})
+      for (bool causal : {false, true}) {
+        BwdCase c = base;
+        c.Hq = hq;
+        c.Hkv = hkv;
+        c.D = d;
+        c.Nq = 113;
+        c.Nk = 203;
+        c.causal = causal;
+        check(c);
+      }
+  BwdCase c = base;  // many query blocks per head and several heads per kv head
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.D = 128;
+  c.Nq = c.Nk = 1000;
+  c.causal = true;
+  check(c);
+}
+
+inline void check_bhsd_strides(const BwdCase& base) {
+  for (bool causal : {false, true}) {
+    BwdCase c = base;
+    c.bhsd = true;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Nq = 200;
+    c.Nk = 333;
+    c.D = 128;
+    c.causal = causal;
+    check(c);
+  }
+}
+
+// Queries that see no key get dq = 0 and keys no query sees get dk = dv = 0, exactly; with
+// Nk = 1000 and window (0, 0) whole key blocks see no query at all (CTAs that load nothing
+// and only store zeros).
+inline void check_unseen_rows_and_keys_give_zero(const BwdCase& base) {
+  {
+    BwdCase c = base;  // bottom-right causal: query i sees keys j <= i - 6; queries 0..5 none
+    c.Nq = 10;
+    c.Nk = 4;
+    c.causal = true;
+    const BwdResult r = check(c);
+    for (int i = 0; i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
+  }
+  for (int nk : {10, 1000}) {
+    BwdCase c = base;  // window (0, 0): query i sees key i + nk - 4 only
+    c.Nq = 4;
+    c.Nk = nk;
+    c.wl = c.wr = 0;
+    const BwdResult r = check(c);
+    for (int i = 0; i < (nk - 4) * c.D; ++i) {
+      ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
+      ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
+    }
+  }
+}
+
+// Padded and varlen calls given 4 bytes less workspace than asked for throw, naming it.
+inline void check_workspace_too_small_throws(const BwdCase& base) {
+  for (bool varlen : {false, true}) {
+    BwdCase c = base;
+    c.Nq = c.Nk = 100;
+    if (varlen) {
+      c.seqlens_q = {100, 30};
+      c.seqlens_k = {50, 100};
+    }
+    c.workspace_shortfall = 4;
+    BwdResult r;
+    try {
+      run_bwd_case(c, r);
+      ADD_FAILURE() << "expected flashcpp::Error (" << describe(c) << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace flashcpp::cuda_test
 
 #endif  // FLASHCPP_TEST_WITH_CUDA

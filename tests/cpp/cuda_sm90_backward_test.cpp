@@ -125,27 +125,7 @@ TEST_F(CudaSm90Backward, PaddedHeadDims) {
     }
 }
 
-TEST_F(CudaSm90Backward, GqaAndMqa) {
-  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}})
-    for (int d : {64, 128})
-      for (bool causal : {false, true}) {
-        Sm90BwdCase c;
-        c.Hq = hq;
-        c.Hkv = hkv;
-        c.D = d;
-        c.Nq = 113;
-        c.Nk = 203;
-        c.causal = causal;
-        check(c);
-      }
-  Sm90BwdCase c;  // many query blocks per head and several heads per kv head
-  c.Hq = 4;
-  c.Hkv = 1;
-  c.D = 128;
-  c.Nq = c.Nk = 1000;
-  c.causal = true;
-  check(c);
-}
+TEST_F(CudaSm90Backward, GqaAndMqa) { check_gqa_and_mqa(Sm90BwdCase{}); }
 
 TEST_F(CudaSm90Backward, WindowAndSoftcap) {
   for (int d : {64, 128})
@@ -171,44 +151,10 @@ TEST_F(CudaSm90Backward, WindowAndSoftcap) {
   check(c);
 }
 
-TEST_F(CudaSm90Backward, BhsdStrides) {
-  for (bool causal : {false, true}) {
-    Sm90BwdCase c;
-    c.bhsd = true;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.Nq = 200;
-    c.Nk = 333;
-    c.D = 128;
-    c.causal = causal;
-    check(c);
-  }
-}
+TEST_F(CudaSm90Backward, BhsdStrides) { check_bhsd_strides(Sm90BwdCase{}); }
 
-// Queries that see no key get dq = 0 and keys no query sees get dk = dv = 0, exactly; with
-// Nk = 1000 and window (0, 0) the first 7 key blocks see no query at all (CTAs that load
-// nothing and only store zeros).
 TEST_F(CudaSm90Backward, UnseenRowsAndKeysGiveZero) {
-  {
-    Sm90BwdCase c;  // bottom-right causal: query i sees keys j <= i - 6; queries 0..5 see none
-    c.Nq = 10;
-    c.Nk = 4;
-    c.causal = true;
-    const BwdResult r = check(c);
-    for (int i = 0; i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
-  }
-  for (int nk : {10, 1000}) {
-    Sm90BwdCase c;  // window (0, 0): query i sees key i + nk - 4 only
-    c.Nq = 4;
-    c.Nk = nk;
-    c.wl = c.wr = 0;
-    const BwdResult r = check(c);
-    for (int i = 0; i < (nk - 4) * c.D; ++i) {
-      ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
-      ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
-    }
-  }
+  check_unseen_rows_and_keys_give_zero(Sm90BwdCase{});
 }
 
 TEST_F(CudaSm90Backward, Fp16) {
@@ -233,16 +179,7 @@ TEST_F(CudaSm90Backward, Fp16) {
 }
 
 TEST_F(CudaSm90Backward, WorkspaceTooSmallThrows) {
-  Sm90BwdCase c;
-  c.Nq = c.Nk = 100;
-  c.workspace_shortfall = 4;
-  BwdResult r;
-  try {
-    run_bwd_case(c, r);
-    FAIL() << "expected flashcpp::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
-  }
+  check_workspace_too_small_throws(Sm90BwdCase{});
 }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
