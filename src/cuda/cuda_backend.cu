@@ -20,6 +20,7 @@
 #include "cuda/sm80/bwd_registry.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
 #include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
 #include "cuda/sm90/bwd_dispatch.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
@@ -94,25 +95,14 @@ constexpr Sm80Kernel kSm80Kernels[] = {
 };
 #undef FLASHCPP_SM80_FWD
 
-std::string built_head_dims(ElementType dtype) {
-  std::string s;
-  for (const Sm80Kernel& k : kSm80Kernels)
-    if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
-  return s.empty() ? "none" : s;
-}
-
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head
 // dims run zero-padded).
 const Sm80Kernel& find_sm80_kernel(const ForwardParams& p) {
-  const Sm80Kernel* best = nullptr;
-  for (const Sm80Kernel& k : kSm80Kernels)
-    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
-        (!best || k.head_dim < best->head_dim))
-      best = &k;
+  const Sm80Kernel* best = smallest_covering(kSm80Kernels, p.dtype, p.head_dim);
   if (!best)
     throw Error("cuda: no sm80 kernel for head dim " + std::to_string(p.head_dim) + " " +
                 element_name(p.dtype) + " in this build (built head dims for " +
-                element_name(p.dtype) + ": " + built_head_dims(p.dtype) +
+                element_name(p.dtype) + ": " + built_head_dims(kSm80Kernels, p.dtype) +
                 "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
   return *best;
 }
@@ -206,13 +196,6 @@ constexpr Sm80BwdKernel kSm80BwdKernels[] = {
     {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
 };
 #undef FLASHCPP_SM80_BWD
-
-std::string built_bwd_head_dims(ElementType dtype) {
-  std::string s;
-  for (const Sm80BwdKernel& k : kSm80BwdKernels)
-    if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
-  return s.empty() ? "none" : s;
-}
 
 bool nothing_to_do_backward(const BackwardParams& p) {
   return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
@@ -383,16 +366,13 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
   if (params.dtype != ElementType::fp16 && params.dtype != ElementType::bf16)
     throw Error(std::string("cuda backward: dtype ") + element_name(params.dtype) +
                 " is not supported (supported: fp16, bf16)");
-  const Sm80BwdKernel* kernel = nullptr;
-  for (const Sm80BwdKernel& k : kSm80BwdKernels)
-    if (k.entry && k.dtype == params.dtype && k.head_dim >= params.head_dim &&
-        (!kernel || k.head_dim < kernel->head_dim))
-      kernel = &k;
+  const Sm80BwdKernel* kernel =
+      smallest_covering(kSm80BwdKernels, params.dtype, params.head_dim);
   if (!kernel)
     throw Error("cuda backward: no sm80 backward kernel for head dim " +
                 std::to_string(params.head_dim) + " " + element_name(params.dtype) +
                 " in this build (built backward head dims for " + element_name(params.dtype) +
-                ": " + built_bwd_head_dims(params.dtype) +
+                ": " + built_head_dims(kSm80BwdKernels, params.dtype) +
                 "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
   const BwdTile t = sm80_bwd_tile(kernel->head_dim);
   const std::string name = std::string("sm80_bwd_") + element_name(params.dtype) + "_hdim" +

@@ -12,6 +12,7 @@
 
 #include "common/params.hpp"
 #include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
 #include "cuda/sm90/bwd_registry.hpp"
 #include "cuda/sm90/bwd_tile_table.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
@@ -40,12 +41,7 @@ inline bool any_bwd_built() {
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
 // run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
 inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
-  const BwdKernel* best = nullptr;
-  for (const BwdKernel& k : kBwdKernels)
-    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
-        (!best || k.head_dim < best->head_dim))
-      best = &k;
-  return best;
+  return smallest_covering(kBwdKernels, p.dtype, p.head_dim);
 }
 
 // True when the sm90 backward main kernel can run this call.

@@ -13,6 +13,7 @@
 
 #include "common/params.hpp"
 #include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
 #include "cuda/sm90/fwd_registry.hpp"
 #include "cuda/sm90/tile_table.hpp"
 
@@ -40,12 +41,7 @@ inline bool any_built() {
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
 // run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
 inline const Kernel* find_kernel(const ForwardParams& p) {
-  const Kernel* best = nullptr;
-  for (const Kernel& k : kKernels)
-    if (k.entry && k.dtype == p.dtype && k.head_dim >= p.head_dim &&
-        (!best || k.head_dim < best->head_dim))
-      best = &k;
-  return best;
+  return smallest_covering(kKernels, p.dtype, p.head_dim);
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)

@@ -1,0 +1,33 @@
+#pragma once
+// Lookups over a registry of kernel instantiations (an array of entries with `entry`, `dtype`
+// and `head_dim`, generated per build; an entry without `entry` is the empty-build sentinel),
+// shared by the sm80 and sm90 forward and backward dispatchers.
+#include <cstddef>
+#include <string>
+
+#include "common/params.hpp"
+
+namespace flashcpp::detail::cuda {
+
+// The smallest instantiation of `dtype` whose head dim covers `head_dim` (smaller head dims
+// run zero-padded on it), or null.
+template <class Kernel, std::size_t N>
+const Kernel* smallest_covering(const Kernel (&kernels)[N], ElementType dtype, int head_dim) {
+  const Kernel* best = nullptr;
+  for (const Kernel& k : kernels)
+    if (k.entry && k.dtype == dtype && k.head_dim >= head_dim &&
+        (!best || k.head_dim < best->head_dim))
+      best = &k;
+  return best;
+}
+
+// "32, 64, 128" (or "none"): the head dims built for `dtype`, for error messages.
+template <class Kernel, std::size_t N>
+std::string built_head_dims(const Kernel (&kernels)[N], ElementType dtype) {
+  std::string s;
+  for (const Kernel& k : kernels)
+    if (k.entry && k.dtype == dtype) s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace flashcpp::detail::cuda
