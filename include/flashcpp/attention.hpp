@@ -22,7 +22,8 @@ namespace flashcpp {
 
 using Stream = CUstream_st*;
 
-// Caller-owned scratch memory on the tensors' device.
+// Caller-owned scratch memory on the tensors' device, 16-byte aligned (size it with the
+// *_workspace_size queries).
 struct Workspace {
   void* data = nullptr;
   std::size_t bytes = 0;

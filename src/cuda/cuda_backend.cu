@@ -197,6 +197,17 @@ constexpr Sm80BwdKernel kSm80BwdKernels[] = {
 };
 #undef FLASHCPP_SM80_BWD
 
+// A caller's workspace must hold `need` bytes from a 16-byte aligned address (the kernels
+// accumulate into it with vector atomics and stores).
+void check_workspace(Workspace workspace, std::uint64_t need, const std::string& what) {
+  if (need == 0) return;
+  if (workspace.data == nullptr || workspace.bytes < need)
+    throw Error("workspace: needs " + std::to_string(need) + " bytes" + what + ", got " +
+                std::to_string(workspace.data ? workspace.bytes : 0));
+  if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0)
+    throw Error("workspace: data pointer is not 16-byte aligned");
+}
+
 bool nothing_to_do_backward(const BackwardParams& p) {
   return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
 }
@@ -204,10 +215,7 @@ bool nothing_to_do_backward(const BackwardParams& p) {
 // The backward kernel parameters every backward path shares: folded scales and the workspace
 // carve-up (checked against what the call needs).
 BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace workspace) {
-  const std::uint64_t need = bwd_workspace_bytes(params);
-  if (need > 0 && (workspace.data == nullptr || workspace.bytes < need))
-    throw Error("workspace: needs " + std::to_string(need) + " bytes, got " +
-                std::to_string(workspace.data ? workspace.bytes : 0));
+  check_workspace(workspace, bwd_workspace_bytes(params), "");
 
   BwdKernelParams kp;
   kp.p = params;
@@ -302,16 +310,15 @@ RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Wor
   int splits = 1;
   if (params.num_splits > 0) {
     splits = params.num_splits;
-    const std::size_t need = split_workspace_bytes(params, splits);
-    if (splits > 1 && (workspace.data == nullptr || workspace.bytes < need))
-      throw Error("workspace: needs " + std::to_string(need) + " bytes for " +
-                  std::to_string(splits) + " splits, got " +
-                  std::to_string(workspace.data ? workspace.bytes : 0));
+    if (splits > 1)
+      check_workspace(workspace, split_workspace_bytes(params, splits),
+                      " for " + std::to_string(splits) + " splits");
   } else {
     splits = heuristic_splits(params, t);
-    // No (or too little) workspace: run unsplit rather than fail; the result is the same.
+    // No (too little, misaligned) workspace: run unsplit rather than fail; same result.
     if (splits > 1 && (workspace.data == nullptr ||
-                       workspace.bytes < split_workspace_bytes(params, splits)))
+                       workspace.bytes < split_workspace_bytes(params, splits) ||
+                       reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0))
       splits = 1;
   }
 
@@ -345,16 +352,22 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
                 std::to_string(dev.major) + std::to_string(dev.minor) +
                 ") is older than sm80; flashcpp's CUDA kernels need sm80 or newer");
   // As in the forward: the sm90a backward runs on Hopper for an explicit request, and for
-  // automatic unless FLASHCPP_DISABLE_SM90=1; what it does not cover runs on sm80.
+  // automatic unless FLASHCPP_DISABLE_SM90=1; what it does not cover (including head dims this
+  // build has no sm90a backward for) runs on sm80.
   if (backend == Backend::cuda_sm90) {
     if (!is_sm90(dev))
       throw Error("cuda_sm90 backend: device " + std::to_string(params.device) + " (" + dev.name +
                   ", sm_" + std::to_string(dev.major) + std::to_string(dev.minor) +
                   ") is not sm90; the sm90a kernels need a Hopper GPU");
-    if (!sm90::any_bwd_built())
-      throw Error("cuda_sm90 backend: no sm90a backward kernel in this build (configure with 90a "
-                  "in FLASHCPP_CUDA_ARCHS and 64 or 128 in FLASHCPP_HEAD_DIMS)");
   }
+  // The pre/post passes (and the sm80 kernels) put heads and batch in grid y and z.
+  constexpr int kGridYZ = 65535;
+  if (params.batch > kGridYZ)
+    throw Error("q: batch " + std::to_string(params.batch) +
+                " exceeds the CUDA backward's limit of 65535");
+  if (params.heads_q > kGridYZ)
+    throw Error("q: " + std::to_string(params.heads_q) +
+                " heads exceed the CUDA backward's limit of 65535");
   if ((backend == Backend::cuda_sm90 ||
        (backend == Backend::automatic && !sm90::disabled_by_env())) &&
       is_sm90(dev) && sm90::bwd_covers(params))

@@ -45,6 +45,7 @@ struct BwdCase {
   // Varlen when non-empty: B = their size, tensors [total, H, D], lse [Hq, total_q].
   std::vector<int> seqlens_q, seqlens_k;
   std::int64_t workspace_shortfall = 0;  // give this many bytes less than asked for
+  std::int64_t workspace_misalign = 0;   // start the workspace this many bytes past alignment
   std::uint64_t seed = 3;
   // The backend the call requests (AttentionOptions::backend), and the one it must report:
   // check() tests RunInfo's backend and that the kernel name starts "sm80_bwd_" or
@@ -204,7 +205,8 @@ inline void run_bwd_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
       varlen ? backward_varlen_workspace_size(tq, tk, tv, tcu_q, tcu_k, max_q, max_k, opt)
              : backward_workspace_size(tq, tk, tv, opt);
   const std::size_t give = need - std::size_t(c.workspace_shortfall);
-  DeviceBuffer ws(std::max<std::size_t>(give, 1));
+  DeviceBuffer ws_buffer(std::max<std::size_t>(give + c.workspace_misalign, 1));
+  void* ws_ptr = static_cast<char*>(ws_buffer.ptr) + c.workspace_misalign;
   auto download = [&](DeviceBuffer& src, std::int64_t count) {
     std::vector<std::uint16_t> img(count);
     cuda_ok(cudaMemcpy(img.data(), src.ptr, count * 2, cudaMemcpyDeviceToHost));
@@ -216,8 +218,8 @@ inline void run_bwd_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
     cuda_ok(cudaMemset(gdk.ptr, 0xFF, nk * 2));
     cuda_ok(cudaMemset(gdv.ptr, 0xFF, nk * 2));
     // The workspace is poisoned too: nothing may rely on it being zero.
-    cuda_ok(cudaMemset(ws.ptr, 0xFF, give));
-    const Workspace w{ws.ptr, give};
+    cuda_ok(cudaMemset(ws_ptr, 0xFF, give));
+    const Workspace w{ws_ptr, give};
     r.info = varlen ? backward_varlen(tq, tk, tv, tout, tdout, tlse, tdq, tdk, tdv, tcu_q, tcu_k,
                                       max_q, max_k, opt, nullptr, w)
                     : backward(tq, tk, tv, tout, tdout, tlse, tdq, tdk, tdv, opt, nullptr, w);
@@ -356,24 +358,28 @@ inline void check_unseen_rows_and_keys_give_zero(const BwdCase& base) {
   }
 }
 
-// Padded and varlen calls given 4 bytes less workspace than asked for throw, naming it.
+// Padded and varlen calls given 4 bytes less workspace than asked for, or a workspace that
+// starts 4 bytes past a 16-byte boundary, throw and name it.
 inline void check_workspace_too_small_throws(const BwdCase& base) {
-  for (bool varlen : {false, true}) {
-    BwdCase c = base;
-    c.Nq = c.Nk = 100;
-    if (varlen) {
-      c.seqlens_q = {100, 30};
-      c.seqlens_k = {50, 100};
+  for (bool varlen : {false, true})
+    for (bool misaligned : {false, true}) {
+      BwdCase c = base;
+      c.Nq = c.Nk = 100;
+      if (varlen) {
+        c.seqlens_q = {100, 30};
+        c.seqlens_k = {50, 100};
+      }
+      (misaligned ? c.workspace_misalign : c.workspace_shortfall) = 4;
+      const char* expected =
+          misaligned ? "workspace: data pointer is not 16-byte aligned" : "workspace: needs";
+      BwdResult r;
+      try {
+        run_bwd_case(c, r);
+        ADD_FAILURE() << "expected flashcpp::Error (" << describe(c) << ")";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      }
     }
-    c.workspace_shortfall = 4;
-    BwdResult r;
-    try {
-      run_bwd_case(c, r);
-      ADD_FAILURE() << "expected flashcpp::Error (" << describe(c) << ")";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
-    }
-  }
 }
 
 }  // namespace flashcpp::cuda_test

@@ -48,7 +48,7 @@ std::string sm90_bwd_skip_reason() {
     if (r.info.backend != Backend::cuda_sm90)
       return std::string("a bf16 d64 backward ran on ") + backend_name(r.info.backend);
   } catch (const Error& e) {
-    return e.what();  // e.g. no sm90a backward kernel in this build
+    return e.what();  // e.g. no backward kernel for d64 in this build
   }
   return "";
 }

@@ -1,5 +1,6 @@
 #pragma once
-// What the sm80 backward kernels get: the validated call plus the host-folded scales and the
+// What the backward kernels (sm80, and the sm90a main kernel between the sm80 pre/post passes)
+// get: the validated call plus the host-folded scales and the
 // workspace carve-up (dq_accum [B, Hq, Nq, D] fp32, then dsum and lse_log2 [B, Hq, Nq] fp32),
 // and the one tile table of the backward, read by the host (grid, kernel name) and the device
 // code (kernel traits).

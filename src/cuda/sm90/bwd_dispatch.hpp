@@ -32,12 +32,6 @@ inline constexpr BwdKernel kBwdKernels[] = {
 };
 #undef FLASHCPP_SM90_BWD
 
-inline bool any_bwd_built() {
-  for (const BwdKernel& k : kBwdKernels)
-    if (k.entry) return true;
-  return false;
-}
-
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
 // run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
 inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {

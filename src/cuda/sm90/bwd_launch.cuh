@@ -31,19 +31,23 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   const auto kv_tile = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{};
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.q), p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_stride),
+      gmem_view(static_cast<const Element*>(p.q), p.seqlen_q, p.head_dim, p.heads_q, p.batch,
+                p.q_stride),
       take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{});
   params.tma_do = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.dout), p.seqlen_q, p.head_dim_v, p.heads_q, p.batch, p.dout_stride),
+      gmem_view(static_cast<const Element*>(p.dout), p.seqlen_q, p.head_dim_v, p.heads_q, p.batch,
+                p.dout_stride),
       take<0, 2>(typename Traits::SmemLayoutDo{}), q_tile, _1{});
   params.tma_k = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.k), p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_stride),
+      gmem_view(static_cast<const Element*>(p.k), p.seqlen_k, p.head_dim, p.heads_kv, p.batch,
+                p.k_stride),
       typename Traits::SmemLayoutK{}, kv_tile, _1{});
   params.tma_v = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.v), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, p.v_stride),
+      gmem_view(static_cast<const Element*>(p.v), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch,
+                p.v_stride),
       typename Traits::SmemLayoutV{}, kv_tile, _1{});
 
   const auto kernel = &bwd_kernel<Traits>;

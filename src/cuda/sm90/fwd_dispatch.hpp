@@ -61,7 +61,10 @@ inline bool disabled_by_env() {
 // runs here.
 inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int heads, int batch) {
   constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte element
-  auto ok = [](std::int64_t stride, int extent) { return extent <= 1 || stride % kElems == 0; };
+  // A zero stride (a broadcast view) is refused as well: a tensor map's strides are positive.
+  auto ok = [](std::int64_t stride, int extent) {
+    return extent <= 1 || (stride > 0 && stride % kElems == 0);
+  };
   return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0 && ok(s.row, rows) &&
          ok(s.head, heads) && ok(s.batch, batch);
 }

@@ -55,8 +55,9 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const std::int64_t slots = std::int64_t(PersistentTileScheduler::slots_per_head(kp)) *
                              p.heads_q * p.batch;
   if (slots > INT_MAX / 2)  // headroom: a CTA's next slot is computed before the bound test
-    throw Error("cuda sm90 forward: " + std::to_string(slots) +
-                " tiles exceed the scheduler's limit (2^30)");
+    throw Error("q: " + std::to_string(slots) +
+                " query tiles (batch x heads x ceil(seqlen_q / 128)) exceed the sm90 forward's "
+                "limit of 2^30");
   const int units = PersistentTileScheduler::num_units(kp);
   if (units == 0) return;
   int device = 0, sms = 0;
