@@ -37,11 +37,7 @@ struct Sm90BwdCase : BwdCase {
 // Why the sm90 backward suite cannot run here, or empty when it can: a 1 x 1 bf16 d64 call
 // tells whether this build has the sm90a backward kernel and this GPU can run it.
 std::string sm90_bwd_skip_reason() {
-  if (!cuda_available()) return "no CUDA GPU";
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
-  if (prop.major != 9 || prop.minor != 0)
-    return std::string("device 0 (") + prop.name + ") is not sm90";
+  if (const std::string why = not_sm90_reason(); !why.empty()) return why;
   try {
     BwdResult r;
     run_bwd_case(Sm90BwdCase{}, r);

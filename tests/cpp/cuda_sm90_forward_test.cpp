@@ -39,11 +39,7 @@ struct Sm90Case : Case {
 
 // Why the sm90 suite cannot run here, or empty when it can.
 std::string sm90_skip_reason() {
-  if (!cuda_available()) return "no CUDA GPU";
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
-  if (prop.major != 9 || prop.minor != 0)
-    return std::string("device 0 (") + prop.name + ") is not sm90";
+  if (const std::string why = not_sm90_reason(); !why.empty()) return why;
   TensorView q = TensorView::contiguous(nullptr, DType::bf16, {1, 1, 1, 64}, Device::cuda(0));
   AttentionOptions opt;
   opt.backend = Backend::cuda_sm90;

@@ -30,6 +30,16 @@ namespace flashcpp::cuda_test {
 
 inline void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
+// Why device 0 cannot run the sm90a suites (no GPU, or not sm90), or empty when it can.
+inline std::string not_sm90_reason() {
+  if (!cuda_available()) return "no CUDA GPU";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
+  if (prop.major != 9 || prop.minor != 0)
+    return std::string("device 0 (") + prop.name + ") is not sm90";
+  return "";
+}
+
 struct DeviceBuffer {
   void* ptr = nullptr;
   explicit DeviceBuffer(std::size_t bytes) {
