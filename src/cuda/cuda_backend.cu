@@ -212,10 +212,19 @@ bool nothing_to_do_backward(const BackwardParams& p) {
   return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
 }
 
+// The tile of this build's sm90 backward instantiation for the call's head dim ({0, ...} when
+// there is none): it sizes the dq_accum region on every device and backend, so a workspace
+// from backward_workspace_size always fits.
+Sm90BwdTile sm90_bwd_tile_of_build(const ForwardParams& params) {
+  const sm90::BwdKernel* k = sm90::find_bwd_kernel(params);
+  return k != nullptr ? sm90_bwd_tile(k->head_dim) : Sm90BwdTile{0, 0, 0, 0};
+}
+
 // The backward kernel parameters every backward path shares: folded scales and the workspace
 // carve-up (checked against what the call needs).
 BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace workspace) {
-  check_workspace(workspace, bwd_workspace_bytes(params), "");
+  const Sm90BwdTile sm90 = sm90_bwd_tile_of_build(params);
+  check_workspace(workspace, bwd_workspace_bytes(params, sm90), "");
 
   BwdKernelParams kp;
   kp.p = params;
@@ -228,8 +237,9 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   }
   const std::int64_t rows = bwd_rows(params);
   kp.dq_accum = static_cast<float*>(workspace.data);
-  kp.dsum = kp.dq_accum + rows * params.head_dim;
+  kp.dsum = kp.dq_accum + bwd_dq_accum_floats(params, sm90);
   kp.lse_log2 = kp.dsum + rows;
+  kp.prepass_zeroes_dq = !params.deterministic;
   auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
   auto strided8 = [](const Strides& st) {
     return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
@@ -241,18 +251,19 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   return kp;
 }
 
-// sm80 pre-pass, sm90a main kernel, sm80 post-pass on one workspace (bwd_params.hpp).
+// sm80 pre-pass (dsum, lse_log2), then the sm90a entry (zeroed blocked dq_accum, main kernel,
+// dq post-pass) on one workspace (bwd_params.hpp).
 RunInfo backward_sm90(const BackwardParams& params, Stream stream, Workspace workspace) {
   const sm90::BwdKernel& kernel = *sm90::find_bwd_kernel(params);
   const char* kname = sm90::bwd_kernel_name(kernel);
   if (nothing_to_do_backward(params)) return {Backend::cuda_sm90, kname, 1};
   BwdKernelParams kp = bwd_kernel_params(params, workspace);
   kp.num_n_blocks = sm90::bwd_num_n_blocks(params, kernel);
+  kp.prepass_zeroes_dq = false;  // the sm90 entry zeroes and converts its blocked dq_accum
   launch_on_device(params.device, [&] {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     sm80::bwd_preprocess(kp, s);
     kernel.entry(kp, s);
-    sm80::bwd_postprocess(kp, s);
   });
   return {Backend::cuda_sm90, kname, 1};
 }
@@ -341,7 +352,7 @@ RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Wor
 
 std::size_t backward_workspace_size(const ForwardParams& params, Backend backend) {
   (void)backend;
-  return std::size_t(bwd_workspace_bytes(params));
+  return std::size_t(bwd_workspace_bytes(params, sm90_bwd_tile_of_build(params)));
 }
 
 RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,

@@ -1,12 +1,13 @@
 #pragma once
 // What the backward kernels (sm80, and the sm90a main kernel between the sm80 pre/post passes)
 // get: the validated call plus the host-folded scales and the
-// workspace carve-up (dq_accum [B, Hq, Nq, D] fp32, then dsum and lse_log2 [B, Hq, Nq] fp32),
+// workspace carve-up (the fp32 dq_accum region, then dsum and lse_log2 [B, Hq, Nq] fp32),
 // and the one tile table of the backward, read by the host (grid, kernel name) and the device
 // code (kernel traits).
 #include <cstdint>
 
 #include "common/params.hpp"
+#include "cuda/sm90/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda {
 
@@ -14,8 +15,10 @@ struct BwdKernelParams {
   BackwardParams p;
   float scale_log2 = 0.f;        // exp2 takes s * scale_log2 - lse_log2 (softcap: tanh(.) * c * log2e)
   float softcap_in_scale = 0.f;  // softcap: tanh takes x * scale / c
-  float* dq_accum = nullptr;     // [B, Hq, Nq, head_dim] fp32, zeroed by the pre-pass (unused
-                                 // when deterministic: the dq kernel writes dq directly)
+  float* dq_accum = nullptr;     // fp32: sm80 [B, Hq, Nq, head_dim]; sm90 blocked (see
+                                 // sm90/bwd_dq_convert.hpp). Unused when deterministic (the dq
+                                 // kernel writes dq directly)
+  bool prepass_zeroes_dq = true; // the sm80 pre-pass zeroes dq_accum (sm90 zeroes its own)
   float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O)
   float* lse_log2 = nullptr;     // [B, Hq, Nq]: lse * log2(e); +inf where lse = -inf (P = 0)
   bool vec8 = false;             // q/k/v/dout loads can move 8 elements (16 bytes) at a time
@@ -58,9 +61,21 @@ constexpr BwdTile sm80_bwd_tile(int head_dim) {
 inline std::int64_t bwd_rows(const ForwardParams& p) {
   return std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
 }
-// Bytes: head_dim floats of dq_accum plus one of dsum and one of lse_log2 per row.
-inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p) {
-  return std::uint64_t(bwd_rows(p)) * std::uint64_t(p.head_dim + 2) * sizeof(float);
+// Floats of the dq_accum region: the sm80 layout's rows x head_dim or, when this build's sm90
+// backward covers the head dim (`sm90`: the tile of the instantiation that would run, {0, ...}
+// when none), the larger of that and the sm90 blocked layout (whole query blocks of the
+// instantiation's padded head dim). The workspace query does not know which backend will run.
+inline std::int64_t bwd_dq_accum_floats(const ForwardParams& p, const Sm90BwdTile& sm90) {
+  const std::int64_t plain = bwd_rows(p) * p.head_dim;
+  if (sm90.head_dim == 0 || p.is_varlen()) return plain;
+  const std::int64_t blocks = (std::int64_t(p.seqlen_q) + sm90.block_m - 1) / sm90.block_m;
+  const std::int64_t blocked =
+      std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m * sm90.head_dim;
+  return blocked > plain ? blocked : plain;
+}
+// Bytes: the dq_accum region plus one float of dsum and one of lse_log2 per row.
+inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p, const Sm90BwdTile& sm90) {
+  return std::uint64_t(bwd_dq_accum_floats(p, sm90) + 2 * bwd_rows(p)) * sizeof(float);
 }
 
 }  // namespace flashcpp::detail::cuda

@@ -6,7 +6,8 @@
 // Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic, Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
-// base pointer 16-byte aligned; required of dk and dv too, which take paired 4-byte stores).
+// base pointer 16-byte aligned; required of dq, dk and dv too, which take paired 4-byte
+// stores).
 #include <cstdint>
 #include <string>
 
@@ -45,13 +46,14 @@ inline bool bwd_covers(const BackwardParams& p) {
   // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
   // dk, dv.
   if (p.seqlen_q <= 0) return false;
-  // dq_accum rows take 8-byte (2-float) reductions: an even head dim keeps them aligned.
+  // dq, dk and dv take paired (4-byte) stores: an even head dim keeps them aligned.
   if (p.head_dim % 2 != 0 || find_bwd_kernel(p) == nullptr) return false;
   const int nq = p.seqlen_q, nk = p.seqlen_k, hq = p.heads_q, hk = p.heads_kv, b = p.batch;
   return tma_compatible(p.q, p.q_stride, nq, hq, b) &&
          tma_compatible(p.k, p.k_stride, nk, hk, b) &&
          tma_compatible(p.v, p.v_stride, nk, hk, b) &&
          tma_compatible(p.dout, p.dout_stride, nq, hq, b) &&
+         tma_compatible(p.dq, p.dq_stride, nq, hq, b) &&
          tma_compatible(p.dk, p.dk_stride, nk, hk, b) &&
          tma_compatible(p.dv, p.dv_stride, nk, hk, b);
 }

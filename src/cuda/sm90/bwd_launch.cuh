@@ -1,8 +1,9 @@
 #pragma once
-// Host side of one sm90a backward main kernel: TMA descriptors of Q, dO, K, V, grid, shared
-// memory opt-in and launch. The dispatcher runs the sm80 pre-pass before it and the sm80
-// post-pass after it. Included only by the generated per-instantiation translation units
-// (compiled for sm_90a alone).
+// Host side of one sm90a backward: zero the blocked dq_accum, the main kernel (TMA descriptors
+// of Q, dO, K, V, grid, shared-memory opt-in, launch) and the dq post-pass of that layout
+// (bwd_dq_convert.hpp). The dispatcher runs the sm80 pre-pass (dsum, lse_log2) before it.
+// Included only by the generated per-instantiation translation units (compiled for sm_90a
+// alone).
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_kernel.hpp"
 #include "cuda/sm90/bwd_traits.hpp"
 #include "cuda/sm90/tma_view.hpp"
@@ -19,12 +21,32 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
+template <class Traits>
+void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream);
+
 template <class Element, int kHeadDim>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Traits = BwdTraits<Element, kHeadDim>;
   const BackwardParams& p = kp.p;
-  if (kp.num_n_blocks <= 0) return;
+  const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const std::int64_t dq_floats =
+      std::int64_t(p.batch) * p.heads_q * num_m_blocks * Traits::kDqBlockFloats;
+  FLASHCPP_CUDA_CHECK(
+      cudaMemsetAsync(kp.dq_accum, 0, std::size_t(dq_floats) * sizeof(float), stream));
+  if (kp.num_n_blocks > 0) run_bwd_main<Traits>(kp, stream);
+  // No keys: dq is zero, written from the zeroed dq_accum like any other.
+  bwd_dq_convert<Traits><<<dim3(unsigned(num_m_blocks), unsigned(p.heads_q), unsigned(p.batch)),
+                           Traits::kConsumerThreads, 0, stream>>>(kp);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Traits>
+void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const BackwardParams& p = kp.p;
   BwdParams<Traits> params;
   params.kp = kp;
   const auto q_tile = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{};

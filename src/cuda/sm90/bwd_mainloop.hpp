@@ -9,7 +9,8 @@
 //   dS^T = P^T o (dP^T - dsum)                  (softcap: o (1 - tanh^2), see below)
 //   dV += P^T dO, dK += dS^T Q                  (P^T, dS^T straight from registers)
 //   dS^T -> shared memory; both warpgroups meet; dQ = dS K (each warpgroup half the columns)
-//   dq_accum += dQ                              (fp32 vector reductions to global memory)
+//   dQ -> a shared-memory stage; one thread adds the whole stage to dq_accum with a bulk
+//   reduction after the next meeting (no per-element atomics in the consumers)
 // dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
 //
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
@@ -24,6 +25,8 @@
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/softmax.hpp"
+#include "cuda/sm90/bulk_reduce.hpp"
+#include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -144,8 +147,23 @@ struct BwdMainloop {
     constexpr int kRows = decltype(size<0>(cS_rc))::value;
     constexpr int kCols = decltype(size<1>(cS_rc))::value;
     static_assert(kCols % 2 == 0);
-    // (query, dim) of every dQ element this thread holds; pairs (2i, 2i + 1) are adjacent dims.
-    Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    // dQ stages: thread tid's accumulators as float4s at [j][tid] (conflict-free, linear).
+    float4* dq_stage = reinterpret_cast<float4*>(ss.dq.data());
+    constexpr int kDqVecs = Traits::kDqPerThread / 4;
+    constexpr int kStageVecs = Traits::kDqBlockFloats / 4;
+    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    // The staged block not yet handed to the bulk reduction (consumer thread 0 issues it), as
+    // 2 x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
+    // instead of two pointers: the loop runs at the register limit.
+    int pending = -1;
+    auto reduce_pending = [&] {
+      const int block = pending / 2;
+      bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, block / num_m_blocks,
+                                                            block % num_m_blocks, num_m_blocks),
+                      reinterpret_cast<const float*>(dq_stage + (pending % 2) * kStageVecs),
+                      Traits::kDqBlockFloats * sizeof(float));
+      tma_store_arrive();
+    };
 
     const int n0 = n_block * kBlockN;
     const int lane = tid % 32;
@@ -275,7 +293,12 @@ struct BwdMainloop {
 
         // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten two blocks later,
         // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
+        // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
+        // the stage before it (which this block's dQ will overwrite) has been read, and after
+        // the barrier hands the previous one to the copy engine.
+        if (tid == 0) tma_store_wait<0>();
         named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
+        if (tid == 0 && pending >= 0) reduce_pending();
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
         wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
@@ -283,23 +306,22 @@ struct BwdMainloop {
         pipeline_q.consumer_release(state);
         ++state;
 
-        // dq_accum [B, Hq, Nq, head_dim] += dQ: one 8-byte reduction per adjacent pair.
-        // Full blocks of the full head dim (the common case) need no per-element predicate.
-        float* dq_rows = kp.dq_accum + (row_base + m0) * p.head_dim;
-        auto add_dq = [&](int i) {
-          const int row = get<0>(cdQ(i)), col = get<1>(cdQ(i));
-          atomicAdd(reinterpret_cast<float2*>(dq_rows + std::int64_t(row) * p.head_dim + col),
-                    make_float2(acc_dq(i), acc_dq(i + 1)));
-        };
-        if (rows_q >= kBlockM && p.head_dim == kHeadDim) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 2) add_dq(i);
-        } else {
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 2)
-            if (get<0>(cdQ(i)) < rows_q && get<1>(cdQ(i)) < p.head_dim) add_dq(i);
-        }
+        // Stage dQ (the buffer alternates like dS's); reduced after the next barrier.
+        float4* stage = dq_stage + buf * kStageVecs;
+        CUTE_UNROLL
+        for (int v = 0; v < kDqVecs; ++v)
+          stage[v * Traits::kConsumerThreads + tid] =
+              make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
+        cutlass::arch::fence_view_async_shared();
+        pending = 2 * (head * num_m_blocks + m) + buf;
       }
+    }
+    // The last block's stage: every consumer has written it, then thread 0 reduces it and
+    // waits for completion (the shared memory must stay valid until then).
+    named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
+    if (tid == 0) {
+      reduce_pending();
+      bulk_wait_all();
     }
   }
 };

@@ -10,7 +10,8 @@
 // registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
-// and dS (2 x block_m x block_n): 96 KB at D = 64, 160 KB at D = 128.
+// dS (2 x block_m x block_n) and two fp32 dQ stages (2 x block_m x D): 128 KB at D = 64,
+// 224 KB at D = 128.
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
@@ -39,7 +40,8 @@ constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
 constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
   return (2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim +
           2 * t.block_m * t.block_n) *
-         element_bytes;
+             element_bytes +
+         2 * t.block_m * t.head_dim * 4;
 }
 
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);

@@ -9,7 +9,9 @@
 //   dV  += P^T dO    (128 keys x D)           RS, P^T straight from the S^T registers
 //   dK  += dS^T Q    (128 keys x D)           RS, dS^T straight from the dP^T registers
 //   dQ   = dS K      (64 queries x D)         SS, dS from shared memory; warpgroup w takes
-//                                             head-dim columns [wD/2, wD/2 + D/2)
+//                                             head-dim columns [wD/2, wD/2 + D/2); staged in
+//                                             shared memory, added to dq_accum by one bulk
+//                                             reduction per block (bwd_dq_convert.hpp)
 #include <cstdint>
 #include <type_traits>
 
@@ -39,6 +41,11 @@ struct BwdTraits {
   static_assert(kBlockN == 128 && kBlockM == 64, "two consumer warpgroups of 64 keys, 64 queries");
   static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
   static constexpr int kDqCols = kHeadDim / kConsumerWarpgroups;  // dQ columns per warpgroup
+  // dQ of one query block: kDqPerThread fp32 accumulators per consumer thread, staged and
+  // reduced into dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
+  static constexpr int kDqBlockFloats = kBlockM * kHeadDim;
+  static constexpr int kDqPerThread = kDqBlockFloats / kConsumerThreads;
+  static_assert(kDqPerThread % 4 == 0, "float4 stores of the dQ stage");
 
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers at
   // 384 threads: setmaxnreg needs the totals to match the entry allocation.
@@ -123,6 +130,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDo>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    // Two dQ stages: block i + 1 is written while block i's bulk reduction still reads.
+    alignas(128) cute::array_aligned<float, 2 * kDqBlockFloats> dq;
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
