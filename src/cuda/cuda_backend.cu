@@ -235,10 +235,9 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   } else {
     kp.scale_log2 = params.scale * kLog2e;
   }
-  const std::int64_t rows = bwd_rows(params);
   kp.dq_accum = static_cast<float*>(workspace.data);
   kp.dsum = kp.dq_accum + bwd_dq_accum_floats(params, sm90);
-  kp.lse_log2 = kp.dsum + rows;
+  kp.lse_log2 = kp.dsum + bwd_stats_floats(params, sm90);
   kp.prepass_zeroes_dq = !params.deterministic;
   auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
   auto strided8 = [](const Strides& st) {
@@ -251,20 +250,16 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   return kp;
 }
 
-// sm80 pre-pass (dsum, lse_log2), then the sm90a entry (zeroed blocked dq_accum, main kernel,
-// dq post-pass) on one workspace (bwd_params.hpp).
+// The sm90a entry runs its own pre-pass, main kernel and dq post-pass on the workspace's
+// blocked layouts (bwd_params.hpp).
 RunInfo backward_sm90(const BackwardParams& params, Stream stream, Workspace workspace) {
   const sm90::BwdKernel& kernel = *sm90::find_bwd_kernel(params);
   const char* kname = sm90::bwd_kernel_name(kernel);
   if (nothing_to_do_backward(params)) return {Backend::cuda_sm90, kname, 1};
   BwdKernelParams kp = bwd_kernel_params(params, workspace);
   kp.num_n_blocks = sm90::bwd_num_n_blocks(params, kernel);
-  kp.prepass_zeroes_dq = false;  // the sm90 entry zeroes and converts its blocked dq_accum
-  launch_on_device(params.device, [&] {
-    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    sm80::bwd_preprocess(kp, s);
-    kernel.entry(kp, s);
-  });
+  launch_on_device(params.device,
+                   [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm90, kname, 1};
 }
 

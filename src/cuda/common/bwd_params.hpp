@@ -18,8 +18,8 @@ struct BwdKernelParams {
   float* dq_accum = nullptr;     // fp32: sm80 [B, Hq, Nq, head_dim]; sm90 blocked (see
                                  // sm90/bwd_dq_convert.hpp). Unused when deterministic (the dq
                                  // kernel writes dq directly)
-  bool prepass_zeroes_dq = true; // the sm80 pre-pass zeroes dq_accum (sm90 zeroes its own)
-  float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O)
+  bool prepass_zeroes_dq = true; // the sm80 pre-pass zeroes dq_accum
+  float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O) (sm90: blocked, bwd_prepass.hpp)
   float* lse_log2 = nullptr;     // [B, Hq, Nq]: lse * log2(e); +inf where lse = -inf (P = 0)
   bool vec8 = false;             // q/k/v/dout loads can move 8 elements (16 bytes) at a time
   int num_n_blocks = 0;          // sm90 main kernel: key blocks per (kv head, batch) in its grid
@@ -73,9 +73,21 @@ inline std::int64_t bwd_dq_accum_floats(const ForwardParams& p, const Sm90BwdTil
       std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m * sm90.head_dim;
   return blocked > plain ? blocked : plain;
 }
-// Bytes: the dq_accum region plus one float of dsum and one of lse_log2 per row.
+// Floats of each of the dsum and lse_log2 arrays: one per row, or per row of whole sm90 query
+// blocks (the sm90 layout pads every (batch, head) to whole blocks, so the kernel's producer
+// copies a block's statistics with one bulk copy) when this build's sm90 backward covers the
+// call.
+inline std::int64_t bwd_stats_floats(const ForwardParams& p, const Sm90BwdTile& sm90) {
+  const std::int64_t plain = bwd_rows(p);
+  if (sm90.head_dim == 0 || p.is_varlen()) return plain;
+  const std::int64_t blocks = (std::int64_t(p.seqlen_q) + sm90.block_m - 1) / sm90.block_m;
+  const std::int64_t blocked = std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m;
+  return blocked > plain ? blocked : plain;
+}
+// Bytes: the dq_accum region, then dsum and lse_log2.
 inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p, const Sm90BwdTile& sm90) {
-  return std::uint64_t(bwd_dq_accum_floats(p, sm90) + 2 * bwd_rows(p)) * sizeof(float);
+  return std::uint64_t(bwd_dq_accum_floats(p, sm90) + 2 * bwd_stats_floats(p, sm90)) *
+         sizeof(float);
 }
 
 }  // namespace flashcpp::detail::cuda

@@ -6,8 +6,8 @@
 // Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic, Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
-// base pointer 16-byte aligned; required of dq, dk and dv too, which take paired 4-byte
-// stores).
+// base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
+// post-pass and the epilogue read and write in element pairs).
 #include <cstdint>
 #include <string>
 
@@ -53,6 +53,7 @@ inline bool bwd_covers(const BackwardParams& p) {
          tma_compatible(p.k, p.k_stride, nk, hk, b) &&
          tma_compatible(p.v, p.v_stride, nk, hk, b) &&
          tma_compatible(p.dout, p.dout_stride, nq, hq, b) &&
+         tma_compatible(p.out, p.out_stride, nq, hq, b) &&
          tma_compatible(p.dq, p.dq_stride, nq, hq, b) &&
          tma_compatible(p.dk, p.dk_stride, nk, hk, b) &&
          tma_compatible(p.dv, p.dv_stride, nk, hk, b);

@@ -5,7 +5,7 @@
 // most queries and start first). The shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 keys each.
-// The pre-pass (dsum, lse_log2) is the sm80 one; dq comes from bwd_dq_convert.hpp.
+// The pre-pass (bwd_prepass.hpp) and the dq post-pass (bwd_dq_convert.hpp) run around it.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>

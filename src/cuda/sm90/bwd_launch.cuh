@@ -1,7 +1,7 @@
 #pragma once
-// Host side of one sm90a backward: zero the blocked dq_accum, the main kernel (TMA descriptors
-// of Q, dO, K, V, grid, shared-memory opt-in, launch) and the dq post-pass of that layout
-// (bwd_dq_convert.hpp). The dispatcher runs the sm80 pre-pass (dsum, lse_log2) before it.
+// Host side of one sm90a backward: the pre-pass (bwd_prepass.hpp: dsum, lse_log2, zeroed
+// dq_accum), the main kernel (TMA descriptors of Q, dO, K, V, grid, shared-memory opt-in,
+// launch) and the dq post-pass (bwd_dq_convert.hpp), all on the blocked workspace layouts.
 // Included only by the generated per-instantiation translation units (compiled for sm_90a
 // alone).
 #include <climits>
@@ -15,6 +15,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_kernel.hpp"
+#include "cuda/sm90/bwd_prepass.hpp"
 #include "cuda/sm90/bwd_traits.hpp"
 #include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
@@ -30,14 +31,12 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using Traits = BwdTraits<Element, kHeadDim>;
   const BackwardParams& p = kp.p;
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const std::int64_t dq_floats =
-      std::int64_t(p.batch) * p.heads_q * num_m_blocks * Traits::kDqBlockFloats;
-  FLASHCPP_CUDA_CHECK(
-      cudaMemsetAsync(kp.dq_accum, 0, std::size_t(dq_floats) * sizeof(float), stream));
+  const dim3 query_blocks(unsigned(num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
+  bwd_prepass<Traits><<<query_blocks, kPrepassThreads, 0, stream>>>(kp);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
   if (kp.num_n_blocks > 0) run_bwd_main<Traits>(kp, stream);
   // No keys: dq is zero, written from the zeroed dq_accum like any other.
-  bwd_dq_convert<Traits><<<dim3(unsigned(num_m_blocks), unsigned(p.heads_q), unsigned(p.batch)),
-                           Traits::kConsumerThreads, 0, stream>>>(kp);
+  bwd_dq_convert<Traits><<<query_blocks, Traits::kConsumerThreads, 0, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The sm90 backward mainloop for one key block (128 keys of one kv head): a producer (one
 // thread of the producer warpgroup) loads K and V once and streams Q and dO blocks of 64 query
-// rows through two 2-stage TMA rings, for every query head of the kv head's group and every
+// rows (with their lse_log2 and dsum) through two 2-stage TMA rings, for every query head of the kv head's group and every
 // query block that sees some of the keys; each consumer warpgroup (64 of the keys) runs, per
 // query block,
 //   S^T = K Q^T, dP^T = V dO^T                  (issued together)
@@ -82,6 +82,7 @@ struct BwdMainloop {
     copy(params.tma_v.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
 
     const int group = p.heads_q / p.heads_kv;
+    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
@@ -92,15 +93,21 @@ struct BwdMainloop {
                                         group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, _0{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const std::int64_t stats_row = (std::int64_t(batch) * p.heads_q + head) * num_m_blocks;
       for (int m = m_range.begin; m < m_range.end; ++m) {
+        const std::int64_t stats = (stats_row + m) * kBlockM;
         pipeline_q.producer_acquire(state);
-        copy(params.tma_q.with(*pipeline_q.producer_get_barrier(state), 0,
-                               CacheHintSm90::EVICT_LAST),
-             tQgQ(_, m), tQsQ(_, state.index()));
+        auto* q_full = pipeline_q.producer_get_barrier(state);
+        copy(params.tma_q.with(*q_full, 0, CacheHintSm90::EVICT_LAST), tQgQ(_, m),
+             tQsQ(_, state.index()));
+        SM90_BULK_COPY_G2S::copy(params.kp.lse_log2 + stats, q_full, ss.lse_log2[state.index()],
+                                 Traits::kStatsBytes);
         pipeline_do.producer_acquire(state);
-        copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state), 0,
-                                CacheHintSm90::EVICT_LAST),
-             tdOgdO(_, m), tdOsdO(_, state.index()));
+        auto* do_full = pipeline_do.producer_get_barrier(state);
+        copy(params.tma_do.with(*do_full, 0, CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
+             tdOsdO(_, state.index()));
+        SM90_BULK_COPY_G2S::copy(params.kp.dsum + stats, do_full, ss.dsum[state.index()],
+                                 Traits::kStatsBytes);
         ++state;
       }
     }
@@ -166,40 +173,22 @@ struct BwdMainloop {
     };
 
     const int n0 = n_block * kBlockN;
-    const int lane = tid % 32;
     const int group = p.heads_q / p.heads_kv;
     const bool has_softcap = kp.softcap_in_scale != 0.f;
     const float scale_log2 = kp.scale_log2;
 
-    // The per-query values this thread needs for its 16 columns: each lane loads two queries'
-    // values (2 lane, 2 lane + 1) once per block and the warp shares them by shuffles where
-    // they are used, so the loads are issued before the products, no shared memory or barrier
-    // is involved and no 16-entry arrays stay live. Columns (c, c + 1), c even, are queries
-    // (q, q + 1) with q even: lane q / 2 holds both.
-    auto pair_of = [&](float2 mine, int c) {
-      const int src = get<1>(cS_rc(0, c)) / 2;
-      return make_float2(__shfl_sync(0xffffffffu, mine.x, src),
-                         __shfl_sync(0xffffffffu, mine.y, src));
+    // The per-query statistics of this thread's columns, which the producer copied into the
+    // ring stage with Q (lse_log2) and dO (dsum): columns (c, c + 1), c even, are queries
+    // (q, q + 1) with q even, so one 8-byte shared-memory load gives both.
+    auto stats_of = [&](const float* stage, int c) {
+      return *reinterpret_cast<const float2*>(stage + get<1>(cS_rc(0, c)));
     };
 
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-      const std::int64_t row_base = (std::int64_t(batch) * p.heads_q + head) * p.seqlen_q;
       for (int m = m_range.begin; m < m_range.end; ++m) {
         const int m0 = m * kBlockM;
-        const int rows_q = p.seqlen_q - m0;
-        // Queries past the sequence: lse_log2 = +inf makes P = 0 there.
-        float2 lse2{INFINITY, INFINITY}, dsum2{0.f, 0.f};
-        if (2 * lane < rows_q) {
-          lse2.x = kp.lse_log2[row_base + m0 + 2 * lane];
-          dsum2.x = kp.dsum[row_base + m0 + 2 * lane];
-        }
-        if (2 * lane + 1 < rows_q) {
-          lse2.y = kp.lse_log2[row_base + m0 + 2 * lane + 1];
-          dsum2.y = kp.dsum[row_base + m0 + 2 * lane + 1];
-        }
-
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         pipeline_q.consumer_wait(state);
@@ -222,11 +211,13 @@ struct BwdMainloop {
           const int q = get<1>(cS_rc(r, c));
           return q >= first[r] && q <= last[r];
         };
+        const float* lse_stage = ss.lse_log2[state.index()];
+        const float* dsum_stage = ss.dsum[state.index()];
         warpgroup_wait<1>();  // S^T done; dP^T still running
         if (!has_softcap) {
           CUTE_UNROLL
           for (int c = 0; c < kCols; c += 2) {
-            const float2 lse = pair_of(lse2, c);
+            const float2 lse = stats_of(lse_stage, c);
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
               CUTE_UNROLL
@@ -240,7 +231,7 @@ struct BwdMainloop {
         if (!has_softcap) {
           CUTE_UNROLL
           for (int c = 0; c < kCols; c += 2) {
-            const float2 dsum = pair_of(dsum2, c);
+            const float2 dsum = stats_of(dsum_stage, c);
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
               CUTE_UNROLL
@@ -252,8 +243,8 @@ struct BwdMainloop {
           // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
           CUTE_UNROLL
           for (int c = 0; c < kCols; c += 2) {
-            const float2 lse = pair_of(lse2, c);
-            const float2 dsum = pair_of(dsum2, c);
+            const float2 lse = stats_of(lse_stage, c);
+            const float2 dsum = stats_of(dsum_stage, c);
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
               CUTE_UNROLL

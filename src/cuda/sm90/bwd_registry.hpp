@@ -3,8 +3,7 @@
 // holds one FLASHCPP_SM90_BWD(dtype, hdim) line per instantiation (FLASHCPP_DTYPES x the head
 // dims of FLASHCPP_HEAD_DIMS that have an sm90 backward tile, and only when
 // FLASHCPP_CUDA_ARCHS contains 90a); each has a generated TU defining its entry point, which
-// zeroes the blocked dq_accum and launches the main kernel and the dq post-pass (the
-// dispatcher runs the sm80 pre-pass first).
+// launches the sm90 pre-pass, the main kernel and the dq post-pass.
 #include <cuda_runtime.h>
 
 #include "cuda/common/bwd_params.hpp"

@@ -117,7 +117,10 @@ struct BwdTraits {
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 
-  static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element);
+  // One stage of the Q ring brings a Q block and its lse_log2 row, one of the dO ring a dO
+  // block and its dsum row (bulk copies of the pre-pass's blocked statistics).
+  static constexpr std::uint32_t kStatsBytes = kBlockM * sizeof(float);
+  static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kStatsBytes;
   static constexpr std::uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
@@ -132,6 +135,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
     // Two dQ stages: block i + 1 is written while block i's bulk reduction still reads.
     alignas(128) cute::array_aligned<float, 2 * kDqBlockFloats> dq;
+    alignas(16) float lse_log2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
