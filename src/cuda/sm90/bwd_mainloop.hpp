@@ -160,14 +160,14 @@ struct BwdMainloop {
     constexpr int kStageVecs = Traits::kDqBlockFloats / 4;
     const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     // The staged block not yet handed to the bulk reduction (consumer thread 0 issues it), as
-    // 2 x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
+    // kStages x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
     // instead of two pointers: the loop runs at the register limit.
     int pending = -1;
     auto reduce_pending = [&] {
-      const int block = pending / 2;
+      const int block = pending / Traits::kStages;
       bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, block / num_m_blocks,
                                                             block % num_m_blocks, num_m_blocks),
-                      reinterpret_cast<const float*>(dq_stage + (pending % 2) * kStageVecs),
+                      reinterpret_cast<const float*>(dq_stage + (pending % Traits::kStages) * kStageVecs),
                       Traits::kDqBlockFloats * sizeof(float));
       tma_store_arrive();
     };
@@ -263,10 +263,9 @@ struct BwdMainloop {
         Tensor tdVrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
         wgmma<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, state.index()), acc_dv);
 
-        // dS^T to shared memory for dQ, then dK += dS^T Q. The dS buffer alternates with the
-        // blocks, as the 2-stage Q/dO ring index does.
+        // dS^T to shared memory for dQ, then dK += dS^T Q. The dS buffer cycles with the
+        // blocks, as the Q/dO ring index does.
         Tensor ds_regs = convert_fragment<Element>(acc_dp);
-        static_assert(Traits::kStages == 2, "the dS buffer index is the ring index");
         const int buf = state.index();
         Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
         // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
@@ -282,7 +281,7 @@ struct BwdMainloop {
         warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators,
         pipeline_do.consumer_release(state);  // and dO (read by dP^T and dV only) is too
 
-        // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten two blocks later,
+        // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
         // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
         // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
         // the stage before it (which this block's dQ will overwrite) has been read, and after
@@ -297,14 +296,14 @@ struct BwdMainloop {
         pipeline_q.consumer_release(state);
         ++state;
 
-        // Stage dQ (the buffer alternates like dS's); reduced after the next barrier.
+        // Stage dQ (the buffer cycles like dS's); reduced after the next barrier.
         float4* stage = dq_stage + buf * kStageVecs;
         CUTE_UNROLL
         for (int v = 0; v < kDqVecs; ++v)
           stage[v * Traits::kConsumerThreads + tid] =
               make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
         cutlass::arch::fence_view_async_shared();
-        pending = 2 * (head * num_m_blocks + m) + buf;
+        pending = Traits::kStages * (head * num_m_blocks + m) + buf;
       }
     }
     // The last block's stage: every consumer has written it, then thread 0 reduces it and

@@ -10,8 +10,9 @@
 // registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
-// dS (2 x block_m x block_n) and two fp32 dQ stages (2 x block_m x D): 128 KB at D = 64,
-// 224 KB at D = 128.
+// dS and an fp32 dQ stage per ring stage (stages x block_m x block_n, stages x block_m x D):
+// 176 KB at D = 64 (3 stages: a 64-row block is too little work at d64 to hide a load behind
+// one other), 224 KB at D = 128 (2 stages: a third does not fit).
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
@@ -24,7 +25,7 @@ struct Sm90BwdTile {
 };
 
 inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
-    {64, 64, 128, 2},
+    {64, 64, 128, 3},
     {128, 64, 128, 2},
 };
 
@@ -39,9 +40,9 @@ constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
   return (2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim +
-          2 * t.block_m * t.block_n) *
+          t.stages * t.block_m * t.block_n) *
              element_bytes +
-         2 * t.block_m * t.head_dim * 4;
+         t.stages * t.block_m * t.head_dim * 4;
 }
 
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);

@@ -99,10 +99,11 @@ struct BwdTraits {
   // one column group fill one core matrix, conflict-free, at addresses linear in the
   // register index (the 128-byte swizzle cost per-element address registers at d128).
   using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_MN_INTER_Atom<Element>{},
-                                              Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+                                              Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>{}));
   using SmemLayoutDst = decltype(composition(
       SmemLayoutDs{},
-      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
 
   // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
   // past the sequence and columns past the real head dim come back as zeros.
@@ -133,8 +134,9 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDo>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
-    // Two dQ stages: block i + 1 is written while block i's bulk reduction still reads.
-    alignas(128) cute::array_aligned<float, 2 * kDqBlockFloats> dq;
+    // One dQ stage per ring stage: block i + 1 is written while block i's bulk reduction
+    // still reads.
+    alignas(128) cute::array_aligned<float, kStages * kDqBlockFloats> dq;
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     typename Pipeline::SharedStorage pipeline_q;
