@@ -135,6 +135,7 @@ struct BwdMainloopSplitD {
           return k >= first[r] && k <= last[r];
         };
         warpgroup_wait<1>();  // S done; dP still running
+        warpgroup_fence_operand(acc_s);
         if (!has_softcap) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r)
@@ -145,6 +146,7 @@ struct BwdMainloopSplitD {
             }
         }
         warpgroup_wait<0>();  // dP done
+        warpgroup_fence_operand(acc_dp);
         if (!has_softcap) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r)
@@ -185,7 +187,8 @@ struct BwdMainloopSplitD {
         Tensor tdKrdSt_s = tdKrdSt(_, _, _, stage);
         wgmma<false>(mma_dkv, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
 
-        warpgroup_wait<2>();  // dQ done
+        warpgroup_wait<2>();  // dQ done; dV and dK still running
+        warpgroup_fence_operand(acc_dq);
         // Thread tid's element 4v + e at float 4 (v kConsumerThreads + tid) + e of the block
         // (bwd_dq_convert.hpp): each warp's float4 reductions cover 512 contiguous bytes.
         float4* dq = reinterpret_cast<float4*>(
