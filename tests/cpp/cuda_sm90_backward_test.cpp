@@ -6,7 +6,8 @@
 // Lengths are chosen around the tiles (128 keys per CTA at d64/d128, 64 at d256, 64 query rows
 // per iteration): 1, 77, 200 and 1000 are not multiples of either. d256 is the other layout
 // (consumer warpgroups split the head dim, bwd_tile_table.hpp), so it gets every check the
-// d64/d128 layout gets; d160 and d192 run zero-padded on it.
+// d64/d128 layout gets; d160 and d192 run zero-padded on it. The head dims swept assume the
+// default FLASHCPP_HEAD_DIMS (sm90 backward kernels for 64, 128 and 256).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
