@@ -217,7 +217,7 @@ bool nothing_to_do_backward(const BackwardParams& p) {
 // from backward_workspace_size always fits.
 Sm90BwdTile sm90_bwd_tile_of_build(const ForwardParams& params) {
   const sm90::BwdKernel* k = sm90::find_bwd_kernel(params);
-  return k != nullptr ? sm90_bwd_tile(k->head_dim) : Sm90BwdTile{0, 0, 0, 0};
+  return k != nullptr ? sm90_bwd_tile(k->head_dim) : Sm90BwdTile{0, 0, 0, 0, false};
 }
 
 // The backward kernel parameters every backward path shares: folded scales and the workspace

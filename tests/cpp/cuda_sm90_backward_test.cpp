@@ -3,8 +3,11 @@
 // (same data, NaN-poisoned gradients, reference and error bounds as cuda_backward_test.cpp) is
 // cuda_bwd_harness.hpp. Every test skips without a GPU, on a GPU that is not sm90, and in a
 // build without the sm90a backward kernels; the fp16 test also skips when fp16 is not built.
-// Lengths are chosen around the tiles (128 keys per CTA, 64 query rows per iteration): 1, 77,
-// 200 and 1000 are not multiples of either.
+// Lengths are chosen around the tiles (128 keys per CTA at d64/d128, 64 at d256, 64 query rows
+// per iteration): 1, 77, 200 and 1000 are not multiples of either. d256 is the other layout
+// (consumer warpgroups split the head dim, bwd_tile_table.hpp), so it gets every check the
+// d64/d128 layout gets; d160 and d192 run zero-padded on it. The head dims swept assume the
+// default FLASHCPP_HEAD_DIMS (sm90 backward kernels for 64, 128 and 256).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -64,6 +67,14 @@ TEST_F(CudaSm90Backward, ReportsBackendAndKernel) {
   EXPECT_NE(std::string(r.info.kernel).find("sm90_bwd_bf16_hdim64"), std::string::npos)
       << r.info.kernel;
   EXPECT_EQ(r.info.num_splits, 1);
+  // d256 (and d160, d192 padded to it) runs the split-head-dim kernel with 64-key CTAs.
+  for (int d : {256, 192, 160}) {
+    c.D = d;
+    const BwdResult r256 = check(c);
+    EXPECT_NE(std::string(r256.info.kernel).find("sm90_bwd_bf16_hdim256_64x64"),
+              std::string::npos)
+        << r256.info.kernel;
+  }
 }
 
 // The automatic backend runs the sm90 backward on Hopper unless FLASHCPP_DISABLE_SM90=1.
@@ -79,10 +90,10 @@ TEST_F(CudaSm90Backward, AutomaticBackendFollowsTheSwitch) {
   check(c);
 }
 
-// Both head dims, causal or not, every pair of lengths from {1, 77, 200, 1000} with Nq != Nk
+// Every head dim, causal or not, every pair of lengths from {1, 77, 200, 1000} with Nq != Nk
 // both ways, plus 128 x 128 (exact tiles) and 113 x 203. B 2, 2 heads.
 TEST_F(CudaSm90Backward, HeadDimsLengthsCausal) {
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (auto [nq, nk] : {std::pair{1, 1}, {77, 77}, {200, 200}, {128, 128}, {1, 200},
                           {200, 1}, {77, 1000}, {1000, 77}, {113, 203}, {203, 113}})
       for (bool causal : {false, true}) {
@@ -98,7 +109,7 @@ TEST_F(CudaSm90Backward, HeadDimsLengthsCausal) {
 }
 
 TEST_F(CudaSm90Backward, LongSequence) {
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
       Sm90BwdCase c;
       c.Nq = c.Nk = 1000;
@@ -108,9 +119,10 @@ TEST_F(CudaSm90Backward, LongSequence) {
     }
 }
 
-// Head dims below an instantiated one run zero-padded on it (d32 and d80 on hdim64/hdim128).
+// Head dims below an instantiated one run zero-padded on it (d32 and d80 on hdim64/hdim128,
+// d160 and d192 on hdim256).
 TEST_F(CudaSm90Backward, PaddedHeadDims) {
-  for (int d : {32, 80})
+  for (int d : {32, 80, 160, 192})
     for (bool causal : {false, true}) {
       Sm90BwdCase c;
       c.D = d;
@@ -123,8 +135,31 @@ TEST_F(CudaSm90Backward, PaddedHeadDims) {
 
 TEST_F(CudaSm90Backward, GqaAndMqa) { check_gqa_and_mqa(Sm90BwdCase{}); }
 
+// check_gqa_and_mqa's cases (d64, d128) at d256: dK, dV summed over the group's heads in the
+// split-head-dim registers, dQ's atomics per query head.
+TEST_F(CudaSm90Backward, GqaAndMqaHeadDim256) {
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}})
+    for (bool causal : {false, true}) {
+      Sm90BwdCase c;
+      c.Hq = hq;
+      c.Hkv = hkv;
+      c.D = 256;
+      c.Nq = 113;
+      c.Nk = 203;
+      c.causal = causal;
+      check(c);
+    }
+  Sm90BwdCase c;  // many query blocks per head and several heads per kv head
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.D = 256;
+  c.Nq = c.Nk = 1000;
+  c.causal = true;
+  check(c);
+}
+
 TEST_F(CudaSm90Backward, WindowAndSoftcap) {
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (auto [wl, wr] : {std::pair{-1, -1}, {32, 0}, {17, 5}, {-1, 40}, {0, 0}, {150, 100}})
       for (float softcap : {0.f, 5.f}) {
         Sm90BwdCase c;
@@ -138,23 +173,43 @@ TEST_F(CudaSm90Backward, WindowAndSoftcap) {
         c.softcap = softcap;
         check(c);
       }
-  Sm90BwdCase c;
-  c.Nq = 203;
-  c.Nk = 113;
-  c.D = 128;
-  c.causal = true;
-  c.softcap = 30.f;
-  check(c);
+  for (int d : {128, 256}) {
+    Sm90BwdCase c;
+    c.Nq = 203;
+    c.Nk = 113;
+    c.D = d;
+    c.causal = true;
+    c.softcap = 30.f;
+    check(c);
+  }
 }
 
-TEST_F(CudaSm90Backward, BhsdStrides) { check_bhsd_strides(Sm90BwdCase{}); }
+TEST_F(CudaSm90Backward, BhsdStrides) {
+  check_bhsd_strides(Sm90BwdCase{});  // d128
+  for (bool causal : {false, true}) {
+    Sm90BwdCase c;
+    c.bhsd = true;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Nq = 200;
+    c.Nk = 333;
+    c.D = 256;
+    c.causal = causal;
+    check(c);
+  }
+}
 
 TEST_F(CudaSm90Backward, UnseenRowsAndKeysGiveZero) {
-  check_unseen_rows_and_keys_give_zero(Sm90BwdCase{});
+  for (int d : {64, 256}) {
+    Sm90BwdCase c;
+    c.D = d;
+    check_unseen_rows_and_keys_give_zero(c);
+  }
 }
 
 TEST_F(CudaSm90Backward, Fp16) {
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
       Sm90BwdCase c;
       c.dtype = DType::fp16;

@@ -5,8 +5,10 @@
 // Traits::kDqBlockFloats floats at ((batch * Hq + head) * num_m_blocks + m) * kDqBlockFloats,
 // and inside it consumer thread tid's dQ accumulator element 4v + e sits at float
 // 4 * (v * kConsumerThreads + tid) + e. That is the order in which the consumers stage dQ in
-// shared memory (float4 stores, conflict-free), so one bulk reduction adds a whole block; the
-// post-pass undoes the permutation with the same TiledMma partition. Rows past the sequence
+// shared memory (float4 stores, conflict-free), so one bulk reduction adds a whole block (the
+// split_d kernel, without room for the stage, adds the same float4s with atomics: each warp
+// covers 512 contiguous bytes); the post-pass undoes the permutation with the same TiledMma
+// partition. Rows past the sequence
 // and columns past the real head dim hold zeros there (Q and K are zero-filled by TMA) and are
 // never written to dq.
 #include <cstdint>

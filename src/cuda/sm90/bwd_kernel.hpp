@@ -1,11 +1,14 @@
 #pragma once
-// The sm90a backward main kernel = mask policy (which query blocks) + mainloop (producer loads,
-// consumer products) + epilogue (dK, dV stores). One CTA per (key block, kv head, batch), a
-// linear grid (key blocks fastest: with bottom-right causal masks the first key blocks see the
-// most queries and start first). The shell only assigns warpgroup roles:
+// The sm90a backward main kernel = mask policy (which query blocks) + producer (loads) +
+// consumer mainloop (products) + epilogue (dK, dV stores). One CTA per (key block, kv head,
+// batch), a linear grid (key blocks fastest: with bottom-right causal masks the first key
+// blocks see the most queries and start first). The shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
-//   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 keys each.
+//   warpgroups 1, 2  consumers: take registers (setmaxnreg 240); 64 keys each, or half the
+//                    head dim each for split_d tiles (the mainloop follows the tile).
 // The pre-pass (bwd_prepass.hpp) and the dq post-pass (bwd_dq_convert.hpp) run around it.
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -14,11 +17,18 @@
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/sm90/bwd_epilogue.hpp"
 #include "cuda/sm90/bwd_mainloop.hpp"
+#include "cuda/sm90/bwd_mainloop_split_d.hpp"
 #include "cuda/sm90/bwd_params.hpp"
+#include "cuda/sm90/bwd_producer.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
+
+// The consumer mainloop of the tile's layout (bwd_tile_table.hpp).
+template <class Traits>
+using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplitD<Traits>,
+                                         BwdMainloop<Traits>>;
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -67,11 +77,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // zero gradients.
   const bool has_work = m_range.begin < m_range.end;
 
-  BwdMainloop<Traits> mainloop;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && elected && has_work)
-      mainloop.load(params, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do, ss);
+      BwdProducer<Traits>{}.load(params, n_block, head_kv, batch, m_range, pipeline_q,
+                                 pipeline_do, ss);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;
@@ -81,8 +91,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     clear(acc_dk);
     clear(acc_dv);
     if (has_work)
-      mainloop.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do, ss, tid,
-                   acc_dk, acc_dv);
+      BwdMainloopOf<Traits>{}.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q,
+                                  pipeline_do, ss, tid, acc_dk, acc_dv);
     BwdEpilogue<Traits>{}(kp, n_block, head_kv, batch, acc_dk, acc_dv, tid);
   }
 #endif

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -17,6 +18,7 @@
 #include "cuda/sm90/bwd_kernel.hpp"
 #include "cuda/sm90/bwd_prepass.hpp"
 #include "cuda/sm90/bwd_traits.hpp"
+#include "cuda/sm90/bwd_traits_split_d.hpp"
 #include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
 
@@ -25,10 +27,16 @@ namespace flashcpp::detail::cuda::sm90 {
 template <class Traits>
 void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream);
 
+// The traits of the head dim's tile layout (bwd_tile_table.hpp).
+template <class Element, int kHeadDim>
+using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim).split_d,
+                                       BwdTraitsSplitD<Element, kHeadDim>,
+                                       BwdTraits<Element, kHeadDim>>;
+
 template <class Element, int kHeadDim>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
-  using Traits = BwdTraits<Element, kHeadDim>;
+  using Traits = BwdTraitsOf<Element, kHeadDim>;
   const BackwardParams& p = kp.p;
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const dim3 query_blocks(unsigned(num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));

@@ -1,9 +1,9 @@
 #pragma once
-// The sm90 backward mainloop for one key block (128 keys of one kv head): a producer (one
-// thread of the producer warpgroup) loads K and V once and streams Q and dO blocks of 64 query
-// rows (with their lse_log2 and dsum) through two 2-stage TMA rings, for every query head of the kv head's group and every
-// query block that sees some of the keys; each consumer warpgroup (64 of the keys) runs, per
-// query block,
+// The sm90 backward consumer mainloop for one key block (128 keys of one kv head), split by
+// keys (d64, d128): the producer (bwd_producer.hpp) loads K and V once and streams Q and dO
+// blocks of 64 query rows (with their lse_log2 and dsum) through two TMA rings, for every
+// query head of the kv head's group and every query block that sees some of the keys; each
+// consumer warpgroup (64 of the keys) runs, per query block,
 //   S^T = K Q^T, dP^T = V dO^T                  (issued together)
 //   P^T = exp2(S^T * scale_log2 - lse_log2)     (while dP^T is still on the tensor cores)
 //   dS^T = P^T o (dP^T - dsum)                  (softcap: o (1 - tanh^2), see below)
@@ -45,73 +45,6 @@ struct BwdMainloop {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
-
-  // Producer: one elected thread. K and V of the key block once, then Q_i and dO_i for every
-  // (query head, query block) in the consumers' order. m_range is non-empty.
-  __device__ void load(const BwdParams<Traits>& params, int n_block, int head_kv, int batch,
-                       BlockRange m_range, Pipeline& pipeline_q, Pipeline& pipeline_do,
-                       SharedStorage& ss) const {
-    const BackwardParams& p = params.kp.p;
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-
-    Tensor mQ = params.tma_q.get_tma_tensor(
-        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mdO = params.tma_do.get_tma_tensor(
-        make_shape(p.seqlen_q, p.head_dim_v, p.heads_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(n_block, _0{}));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                      group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                      group_modes<0, 2>(gV));
-
-    // K and V are read by this CTA only; Q and dO by every key block of the head: keep those
-    // in L2.
-    using cute::TMA::CacheHintSm90;
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.kv_full, Traits::kKVBytes);
-    copy(params.tma_k.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
-    copy(params.tma_v.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
-
-    const int group = p.heads_q / p.heads_kv;
-    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-    for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(_, _0{}));  // (kBlockM, kHeadDim, m)
-      Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                              make_coord(_, _0{}));
-      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{},
-                                        group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, _0{}, Layout<_1>{},
-                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const std::int64_t stats_row = (std::int64_t(batch) * p.heads_q + head) * num_m_blocks;
-      for (int m = m_range.begin; m < m_range.end; ++m) {
-        const std::int64_t stats = (stats_row + m) * kBlockM;
-        pipeline_q.producer_acquire(state);
-        auto* q_full = pipeline_q.producer_get_barrier(state);
-        copy(params.tma_q.with(*q_full, 0, CacheHintSm90::EVICT_LAST), tQgQ(_, m),
-             tQsQ(_, state.index()));
-        SM90_BULK_COPY_G2S::copy(params.kp.lse_log2 + stats, q_full, ss.lse_log2[state.index()],
-                                 Traits::kStatsBytes);
-        pipeline_do.producer_acquire(state);
-        auto* do_full = pipeline_do.producer_get_barrier(state);
-        copy(params.tma_do.with(*do_full, 0, CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
-             tdOsdO(_, state.index()));
-        SM90_BULK_COPY_G2S::copy(params.kp.dsum + stats, do_full, ss.dsum[state.index()],
-                                 Traits::kStatsBytes);
-        ++state;
-      }
-    }
-  }
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's keys into acc_dk, acc_dv; m_range is non-empty.

@@ -2,8 +2,11 @@
 // The one tile table of the sm90a (TMA + wgmma, warp-specialised) backward main kernel, read by
 // the host (grid, kernel name, which head dims get a TU) and by the device code (traits).
 //
-// A CTA owns block_n = 128 keys of one kv head: two consumer warpgroups of 64 keys each, plus
-// one producer warpgroup (384 threads). Query rows stream through in blocks of block_m = 64.
+// A CTA owns block_n keys of one kv head and one producer warpgroup plus two consumer
+// warpgroups (384 threads). Query rows stream through in blocks of block_m = 64. Two layouts:
+//
+// Split by keys (d64, d128): block_n = 128, each consumer warpgroup owns 64 keys and the whole
+// head dim of their dK, dV (bwd_traits.hpp, bwd_mainloop.hpp).
 // Per consumer thread the fp32 accumulators are dK and dV (D/2 floats each, kept for the whole
 // CTA), S^T and dP^T (32 floats each, live together while dS is formed) and dQ (D/4 floats,
 // once S^T and dP^T are converted): at D = 128 the peak is 192 floats of the consumers' 240
@@ -12,7 +15,15 @@
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
 // dS and an fp32 dQ stage per ring stage (stages x block_m x block_n, stages x block_m x D):
 // 176 KB at D = 64 (3 stages: a 64-row block is too little work at d64 to hide a load behind
-// one other), 224 KB at D = 128 (2 stages: a third does not fit).
+// one other), 224 KB at D = 128 (2 stages: a third does not fit). Each ring stage also holds
+// the block's lse_log2 and dsum (2 x block_m floats).
+//
+// Split by head dim (d256, split_d): full-D dK and dV per warpgroup would be 256 fp32
+// registers per thread, so block_n = 64 keys are shared by both warpgroups and each owns half
+// the head dim of dK, dV and dQ (64 floats each); S and dP are split by keys (32 each) and go
+// through shared memory as P and dS (bwd_traits_split_d.hpp, bwd_mainloop_split_d.hpp).
+// Shared memory: K, V 32 KB each, Q and dO 64 KB each (2 stages), P and dS 2 x 8 KB each
+// (double-buffered): 224 KB. No room for an fp32 dQ stage: dQ is added from registers.
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
@@ -22,11 +33,13 @@ struct Sm90BwdTile {
   int block_m;   // query rows per main-loop iteration
   int block_n;   // keys per CTA (2 consumer warpgroups x 64)
   int stages;    // depth of the Q and of the dO shared-memory ring
+  bool split_d;  // consumer warpgroups split the head dim (not the keys), see above
 };
 
 inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
-    {64, 64, 128, 3},
-    {128, 64, 128, 2},
+    {64, 64, 128, 3, false},
+    {128, 64, 128, 2, false},
+    {256, 64, 64, 2, true},
 };
 
 // The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
@@ -34,17 +47,19 @@ inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
   for (const Sm90BwdTile& t : kSm90BwdTiles)
     if (t.head_dim >= head_dim) return t;
-  return {0, 0, 0, 0};
+  return {0, 0, 0, 0, false};
 }
 
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
-  return (2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim +
-          t.stages * t.block_m * t.block_n) *
-             element_bytes +
-         t.stages * t.block_m * t.head_dim * 4;
+  const int kv_q_do = 2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim;
+  const int stats = 2 * t.stages * t.block_m * 4;
+  if (t.split_d) return (kv_q_do + 2 * 2 * t.block_m * t.block_n) * element_bytes + stats;
+  return (kv_q_do + t.stages * t.block_m * t.block_n) * element_bytes +
+         t.stages * t.block_m * t.head_dim * 4 + stats;
 }
 
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);
+static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(256), 2) <= 227 * 1024);
 
 }  // namespace flashcpp::detail::cuda

@@ -1,0 +1,141 @@
+#pragma once
+// Compile-time description of an sm90a backward instantiation split by head dim (split_d
+// entries of bwd_tile_table.hpp, d256): 64 keys per CTA shared by both consumer warpgroups.
+// The same names as BwdTraits (bwd_traits.hpp), so the producer, epilogue, launch and dq
+// post-pass serve both.
+//
+// Products per query block (the "t" layouts are the same shared memory read transposed):
+//   S  = Q K^T    (64 queries x 64 keys)  SS, warpgroup w takes keys [32w, 32w + 32)
+//   dP = dO V^T   (same shape)            SS
+//   P, dS -> shared memory (query, key), both warpgroups meet, then with w's head-dim half
+//   [wD/2, wD/2 + D/2):
+//   dV += P^T dO  (64 keys x D)           SS, P^T from shared memory (MN-major)
+//   dK += dS^T Q  (64 keys x D)           SS, dS^T likewise
+//   dQ  = dS K    (64 queries x D)        SS, added to the blocked dq_accum from registers
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/sm90/bwd_tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct BwdTraitsSplitD {
+  using Element = Element_;
+  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
+  static_assert(kTile.head_dim == kHeadDim_ && kTile.split_d,
+                "head dim must be a split_d sm90 backward tile entry");
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+  static_assert(kBlockN == 64 && kBlockM == 64, "64 queries x 64 keys");
+  static_assert(kStages == 2, "the P / dS buffer index is the ring index");
+  static constexpr int kKeysPerWg = kBlockN / kConsumerWarpgroups;  // S, dP columns
+  static constexpr int kDimsPerWg = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns
+  static_assert(kDimsPerWg % 64 == 0, "MN-major B operands span whole 128-byte swizzle atoms");
+  // dQ of one query block: kDqPerThread fp32 accumulators per consumer thread, added to
+  // dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
+  static constexpr int kDqBlockFloats = kBlockM * kHeadDim;
+  static constexpr int kDqPerThread = kDqBlockFloats / kConsumerThreads;
+  static_assert(kDqPerThread % 4 == 0, "float4 reductions of dQ");
+
+  // As BwdTraits: 24 + 2 x 240 = 504 = 3 x 168.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <= (kThreads / 128) * 168);
+
+  // Every product has M = 64 (one wgmma atom), and the warpgroups sit side by side along N:
+  // keys for S and dP, head-dim halves for dK, dV and dQ. The selectors take one atom's tile.
+  using AtomLayoutN = Layout<Shape<_1, Int<kConsumerWarpgroups>, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kKeysPerWg>, Int<kHeadDim>>>(),
+      AtomLayoutN{}));
+  using TiledMmaDkv = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN>, Int<kDimsPerWg>, Int<kBlockM>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      AtomLayoutN{}));
+  using TiledMmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kDimsPerWg>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayoutN{}));
+
+  // Q, dO, K, V: K-major 128-byte swizzle (atoms of 8 rows x 64 elements), as TMA writes them.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutDo = SmemLayoutQ;
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // Q and dO as (D, query, stage): the MN-major B operands of dK += dS^T Q and dV += P^T dO.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
+  using SmemLayoutDot = SmemLayoutQt;
+  // K as (D, key): the MN-major B operand of dQ = dS K.
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{},
+      make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // P and dS as (query, key, buffer), keys contiguous, 128-byte swizzle: dS is the K-major A
+  // operand of dQ; read as (key, query, buffer) both are the MN-major A operands of dV and dK
+  // (a K-major SW128 atom of 8 x 64 is the MN-major SW128 atom of 64 x 8 transposed). Each row
+  // is 128 B, so a warp's paired 4-byte stores of 8 rows land in 8 different 16-byte chunks:
+  // conflict-free. Two buffers, so that block i + 1 is written while block i is still read.
+  using SmemLayoutPdS =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutPdSt = decltype(composition(
+      SmemLayoutPdS{},
+      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
+  // past the sequence and columns past the real head dim come back as zeros.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = TmaK;
+
+  // A Q ring stage brings the block and its lse_log2 row, a dO stage the block and its dsum
+  // row (bwd_producer.hpp).
+  static constexpr std::uint32_t kStatsBytes = kBlockM * sizeof(float);
+  static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kStatsBytes;
+  static constexpr std::uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    // 1024-byte alignment: the 128-byte swizzle pattern repeats every 8 rows of 128 B.
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDo>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> p;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> ds;
+    alignas(16) float lse_log2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
+    typename Pipeline::SharedStorage pipeline_q;
+    typename Pipeline::SharedStorage pipeline_do;
+    alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+};
+
+}  // namespace flashcpp::detail::cuda::sm90
