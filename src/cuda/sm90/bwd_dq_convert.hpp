@@ -50,10 +50,15 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
   const int rows = p.seqlen_q - m0;
   Element* dst = static_cast<Element*>(p.dq) + std::int64_t(batch) * p.dq_stride.batch +
                  std::int64_t(head) * p.dq_stride.head + std::int64_t(m0) * p.dq_stride.row;
+  // Every load first: dq might alias dq_accum as far as the compiler knows, so loads after a
+  // store would wait for it and each thread would pay one memory latency per float4.
+  constexpr int kVecs = Traits::kDqPerThread / 4;
+  float4 acc[kVecs];
   CUTE_UNROLL
-  for (int v = 0; v < Traits::kDqPerThread / 4; ++v) {
-    const float4 x = src[v * kThreads + tid];
-    const float vals[4] = {x.x, x.y, x.z, x.w};
+  for (int v = 0; v < kVecs; ++v) acc[v] = src[v * kThreads + tid];
+  CUTE_UNROLL
+  for (int v = 0; v < kVecs; ++v) {
+    const float vals[4] = {acc[v].x, acc[v].y, acc[v].z, acc[v].w};
     CUTE_UNROLL
     for (int e = 0; e < 4; e += 2) {
       const int row = get<0>(c(4 * v + e)), col = get<1>(c(4 * v + e));

@@ -20,40 +20,70 @@ template <class Traits>
 __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelParams kp) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kWarps = kPrepassThreads / 32;
+  // kThreadsPerRow threads share a row, each reading kChunks 16-byte chunks of O and of dO
+  // (bwd_covers makes both 16-byte aligned), all issued before any arithmetic: the pass is
+  // bound by memory latency, not by math.
+  constexpr int kElemsPerChunk = 16 / sizeof(Element);
+  constexpr int kThreadsPerRow = kPrepassThreads / kBlockM;  // every row in one pass
+  constexpr int kChunks = Traits::kHeadDim / kElemsPerChunk / kThreadsPerRow;
+  static_assert(kChunks >= 1 && kThreadsPerRow * kBlockM == kPrepassThreads);
   const BackwardParams& p = kp.p;
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const std::int64_t block = (std::int64_t(batch) * p.heads_q + head) * gridDim.x + m;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // One warp per row; head_dim is even and the rows' strides too (bwd_covers), so each lane
-  // reads element pairs.
-  for (int r = warp; r < kBlockM; r += kWarps) {
+  const int part = threadIdx.x % kThreadsPerRow;
+  const bool whole_chunks = p.head_dim % kElemsPerChunk == 0;  // (the common case)
+  {
+    const int r = threadIdx.x / kThreadsPerRow;
     const int i = m * kBlockM + r;
-    float dsum = 0.f, lse_log2 = INFINITY;
+    float dsum = 0.f, lse = -INFINITY;
     if (i < p.seqlen_q) {
-      using Pair = cute::array<Element, 2>;
-      const Element* o = static_cast<const Element*>(p.out) + std::int64_t(batch) * p.out_stride.batch +
+      if (part == 0)
+        lse = p.lse[std::int64_t(batch) * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride +
+                    i];
+      const Element* o = static_cast<const Element*>(p.out) +
+                         std::int64_t(batch) * p.out_stride.batch +
                          std::int64_t(i) * p.out_stride.row + std::int64_t(head) * p.out_stride.head;
       const Element* g = static_cast<const Element*>(p.dout) +
                          std::int64_t(batch) * p.dout_stride.batch +
-                         std::int64_t(i) * p.dout_stride.row + std::int64_t(head) * p.dout_stride.head;
-      for (int d = 2 * lane; d < p.head_dim; d += 64) {
-        const Pair a = *reinterpret_cast<const Pair*>(o + d);
-        const Pair b = *reinterpret_cast<const Pair*>(g + d);
-        dsum += float(a[0]) * float(b[0]) + float(a[1]) * float(b[1]);
+                         std::int64_t(i) * p.dout_stride.row +
+                         std::int64_t(head) * p.dout_stride.head;
+      if (whole_chunks) {
+        uint4 oc[kChunks], gc[kChunks];
+        CUTE_UNROLL
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = (c * kThreadsPerRow + part) * kElemsPerChunk;
+          oc[c] = gc[c] = make_uint4(0, 0, 0, 0);
+          if (d < p.head_dim) {
+            oc[c] = *reinterpret_cast<const uint4*>(o + d);
+            gc[c] = *reinterpret_cast<const uint4*>(g + d);
+          }
+        }
+        CUTE_UNROLL
+        for (int c = 0; c < kChunks; ++c) {
+          const Element* oe = reinterpret_cast<const Element*>(&oc[c]);
+          const Element* ge = reinterpret_cast<const Element*>(&gc[c]);
+          CUTE_UNROLL
+          for (int e = 0; e < kElemsPerChunk; ++e) dsum += float(oe[e]) * float(ge[e]);
+        }
+      } else {  // a head dim that is not a multiple of 8: element by element
+        CUTE_UNROLL
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = (c * kThreadsPerRow + part) * kElemsPerChunk;
+          CUTE_UNROLL
+          for (int e = 0; e < kElemsPerChunk; ++e)
+            if (d + e < p.head_dim) dsum += float(o[d + e]) * float(g[d + e]);
+        }
       }
-      CUTE_UNROLL
-      for (int s = 16; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
-      const float lse = p.lse[std::int64_t(batch) * p.lse_batch_stride +
-                              std::int64_t(head) * p.lse_head_stride + i];
-      lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
-    if (lane == 0) {
+    CUTE_UNROLL
+    for (int s = kThreadsPerRow / 2; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
+    if (part == 0) {  // rows past the sequence keep lse = -inf: lse_log2 = +inf, P = 0
       kp.dsum[block * kBlockM + r] = dsum;
-      kp.lse_log2[block * kBlockM + r] = lse_log2;
+      kp.lse_log2[block * kBlockM + r] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
   }
   float4* dq = reinterpret_cast<float4*>(kp.dq_accum + block * Traits::kDqBlockFloats);
+  CUTE_UNROLL
   for (int v = threadIdx.x; v < Traits::kDqBlockFloats / 4; v += kPrepassThreads)
     dq[v] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
