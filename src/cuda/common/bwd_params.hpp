@@ -1,9 +1,9 @@
 #pragma once
-// What the backward kernels (sm80, and the sm90a main kernel between the sm80 pre/post passes)
-// get: the validated call plus the host-folded scales and the
-// workspace carve-up (the fp32 dq_accum region, then dsum and lse_log2 [B, Hq, Nq] fp32),
-// and the one tile table of the backward, read by the host (grid, kernel name) and the device
-// code (kernel traits).
+// What the backward kernels (sm80 and sm90a, with their pre- and post-passes) get: the
+// validated call plus the host-folded scales and the workspace carve-up (the fp32 dq_accum
+// region, then dsum and lse_log2, each in the layout of the backend that runs: sm80 per row,
+// sm90 in whole query blocks), and the sm80 backward's tile table, read by the host (grid,
+// kernel name) and the device code (kernel traits).
 #include <cstdint>
 
 #include "common/params.hpp"
