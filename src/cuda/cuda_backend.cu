@@ -16,7 +16,6 @@
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/common/tile_table.hpp"
 #include "cuda/common/bwd_params.hpp"
-#include "cuda/sm80/bwd_passes.hpp"
 #include "cuda/sm80/bwd_registry.hpp"
 #include "cuda/sm80/fwd_registry.hpp"
 #include "cuda/common/intern_name.hpp"
@@ -238,7 +237,6 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   kp.dq_accum = static_cast<float*>(workspace.data);
   kp.dsum = kp.dq_accum + bwd_dq_accum_floats(params, sm90);
   kp.lse_log2 = kp.dsum + bwd_stats_floats(params, sm90);
-  kp.prepass_zeroes_dq = !params.deterministic;
   auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
   auto strided8 = [](const Strides& st) {
     return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;

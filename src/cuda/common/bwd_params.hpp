@@ -18,7 +18,6 @@ struct BwdKernelParams {
   float* dq_accum = nullptr;     // fp32: sm80 [B, Hq, Nq, head_dim]; sm90 blocked (see
                                  // sm90/bwd_dq_convert.hpp). Unused when deterministic (the dq
                                  // kernel writes dq directly)
-  bool prepass_zeroes_dq = true; // the sm80 pre-pass zeroes dq_accum
   float* dsum = nullptr;         // [B, Hq, Nq]: rowsum(dO * O) (sm90: blocked, bwd_prepass.hpp)
   float* lse_log2 = nullptr;     // [B, Hq, Nq]: lse * log2(e); +inf where lse = -inf (P = 0)
   bool vec8 = false;             // q/k/v/dout loads can move 8 elements (16 bytes) at a time

@@ -1,8 +1,8 @@
 #pragma once
 // The backward's pre- and post-pass, one warp per query row (padded or varlen):
 //  bwd_preprocess:  dsum = rowsum(dO * O), lse_log2 = lse * log2(e) (+inf where lse = -inf,
-//                   so exp2 gives P = 0), and, when kp.prepass_zeroes_dq, a zeroed fp32
-//                   dq_accum row;
+//                   so exp2 gives P = 0), and, unless deterministic, a zeroed fp32 dq_accum
+//                   row;
 //  bwd_postprocess: dq = dq_accum * scale in the output dtype (not run when deterministic:
 //                   the dq kernel writes dq itself).
 #include <cmath>
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) bwd_preprocess(const BwdKern
     const float l = p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + row];
     kp.lse_log2[r] = l == -INFINITY ? INFINITY : l * kLog2e;
   }
-  if (!kp.prepass_zeroes_dq) return;
+  if (p.deterministic) return;
   float* a = kp.dq_accum + r * p.head_dim;
   for (int d = lane; d < p.head_dim; d += 32) a[d] = 0.f;
 }
