@@ -227,7 +227,6 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
 
   BwdKernelParams kp;
   kp.p = params;
-  constexpr float kLog2e = 1.4426950408889634f;
   if (params.softcap > 0.f) {
     kp.softcap_in_scale = params.scale / params.softcap;
     kp.scale_log2 = params.softcap * kLog2e;

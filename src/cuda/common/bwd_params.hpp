@@ -11,6 +11,9 @@
 
 namespace flashcpp::detail::cuda {
 
+// lse_log2 = lse * kLog2e: the backward kernels take exp2 of base-2 scores.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 struct BwdKernelParams {
   BackwardParams p;
   float scale_log2 = 0.f;        // exp2 takes s * scale_log2 - lse_log2 (softcap: tanh(.) * c * log2e)

@@ -37,8 +37,6 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // The largest dynamic shared memory a block may opt in to on an A100 (163 KB); every
 // instantiation stays under it so that sm80 and sm90 run the same kernels.
 constexpr std::size_t kA100SmemOptin = 163 * 1024;

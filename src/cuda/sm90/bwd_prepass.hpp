@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
     for (int s = kThreadsPerRow / 2; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
     if (part == 0) {  // rows past the sequence keep lse = -inf: lse_log2 = +inf, P = 0
       kp.dsum[block * kBlockM + r] = dsum;
-      kp.lse_log2[block * kBlockM + r] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+      kp.lse_log2[block * kBlockM + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   }
   float4* dq = reinterpret_cast<float4*>(kp.dq_accum + block * Traits::kDqBlockFloats);
