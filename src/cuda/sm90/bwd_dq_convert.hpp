@@ -3,8 +3,9 @@
 //
 // Blocked layout: query block m of (batch, query head) is one contiguous run of
 // Traits::kDqBlockFloats floats at ((batch * Hq + head) * num_m_blocks + m) * kDqBlockFloats,
-// and inside it consumer thread tid's dQ accumulator element 4v + e sits at float
-// 4 * (v * kConsumerThreads + tid) + e. That is the order in which the consumers stage dQ in
+// and inside it dQ thread tid's accumulator element 4v + e sits at float
+// 4 * (v * kDqThreads + tid) + e (tid counts the threads of the warpgroups that compute a
+// block's dQ: both consumer warpgroups, or at d64 the one whose turn it is). That is the order in which the consumers stage dQ in
 // shared memory (float4 stores, conflict-free), so one bulk reduction adds a whole block (the
 // split_d kernel, without room for the stage, adds the same float4s with atomics: each warp
 // covers 512 contiguous bytes); the post-pass undoes the permutation with the same TiledMma
@@ -31,11 +32,11 @@ __host__ __device__ inline std::int64_t dq_block_offset(const BackwardParams& p,
 // dq = dq_accum * scale in the element type; one CTA per (query block, query head, batch), its
 // thread tid reads what consumer thread tid staged (coalesced float4 loads).
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kConsumerThreads)
+__global__ void __launch_bounds__(Traits::kDqThreads)
     bwd_dq_convert(const BwdKernelParams kp) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kThreads = Traits::kConsumerThreads;
+  constexpr int kThreads = Traits::kDqThreads;
   const BackwardParams& p = kp.p;
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x;

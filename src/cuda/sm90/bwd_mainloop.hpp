@@ -8,7 +8,8 @@
 //   P^T = exp2(S^T * scale_log2 - lse_log2)     (while dP^T is still on the tensor cores)
 //   dS^T = P^T o (dP^T - dsum)                  (softcap: o (1 - tanh^2), see below)
 //   dV += P^T dO, dK += dS^T Q                  (P^T, dS^T straight from registers)
-//   dS^T -> shared memory; both warpgroups meet; dQ = dS K (each warpgroup half the columns)
+//   dS^T -> shared memory; both warpgroups meet; dQ = dS K (d128: each warpgroup half the
+//   columns; d64: one warpgroup, the two taking turns block by block)
 //   dQ -> a shared-memory stage; one thread adds the whole stage to dq_accum with a bulk
 //   reduction after the next meeting (no per-element atomics in the consumers)
 // dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
@@ -69,7 +70,11 @@ struct BwdMainloop {
     typename Traits::TiledMmaDq mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(tid);
     auto thr_dkv = mma_dkv.get_thread_slice(tid);
-    auto thr_dq = mma_dq.get_thread_slice(tid);
+    // Taking turns on dQ (d64), warpgroup w computes the dQ of the blocks it with it % 2 == w
+    // (it counts the blocks this CTA has walked), as thread dq_tid of its 128.
+    const int warpgroup = tid / 128;
+    const int dq_tid = Traits::kDqAlternate ? tid % 128 : tid;
+    auto thr_dq = mma_dq.get_thread_slice(dq_tid);
     // Shared-memory descriptors; the A operands of S^T and dP^T are this warpgroup's 64 keys.
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);       // (1, 1, D/16)
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (1, 1, D/16, stages)
@@ -117,6 +122,8 @@ struct BwdMainloop {
       return *reinterpret_cast<const float2*>(stage + get<1>(cS_rc(0, c)));
     };
 
+    const int num_blocks = group * (m_range.end - m_range.begin);
+    int it = 0;
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
@@ -200,6 +207,12 @@ struct BwdMainloop {
         // blocks, as the Q/dO ring index does.
         Tensor ds_regs = convert_fragment<Element>(acc_dp);
         const int buf = state.index();
+        // Taking turns: buffer `buf` was last read by the dQ of block it - 2, which the
+        // warpgroup whose turn this block is computed; the other one waits for it.
+        const bool my_turn = Traits::kDqAlternate && (it & 1) == warpgroup;
+        if constexpr (Traits::kDqAlternate)
+          if (it >= 2 && !my_turn)
+            named_barrier_sync(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
         Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
         // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
         // query-contiguous dS, so one 4-byte store.
@@ -213,38 +226,77 @@ struct BwdMainloop {
         wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
         warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators,
         pipeline_do.consumer_release(state);  // and dO (read by dP^T and dV only) is too
+        if constexpr (Traits::kDqAlternate) {
+          if (my_turn) {
+            named_barrier_sync(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
+            Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
+            wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
+            warpgroup_wait<1>();  // dK done: Q is free
+            pipeline_q.consumer_release(state);
+            warpgroup_wait<0>();  // dQ done: dS buffer `buf` is free
+            if (it + 2 < num_blocks)
+              named_barrier_arrive(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
+            // Stage dQ in this warpgroup's stage for its turn; before the warpgroup meets,
+            // dq_tid 0 waits until its previous reduction (of the other stage, which the next
+            // turn writes) has read the shared memory, then hands this one to the copy engine.
+            float4* stage = dq_stage + (2 * warpgroup + ((it >> 1) & 1)) * kStageVecs;
+            CUTE_UNROLL
+            for (int v = 0; v < kDqVecs; ++v)
+              stage[v * Traits::kDqThreads + dq_tid] = make_float4(
+                  acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
+            cutlass::arch::fence_view_async_shared();
+            if (dq_tid == 0) tma_store_wait<0>();
+            named_barrier_sync(NamedBarrier::kBwdDqStaged + warpgroup, Traits::kDqThreads);
+            if (dq_tid == 0) {
+              bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, head, m, num_m_blocks),
+                              reinterpret_cast<const float*>(stage),
+                              Traits::kDqBlockFloats * sizeof(float));
+              tma_store_arrive();
+            }
+          } else {
+            named_barrier_arrive(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
+            warpgroup_wait<0>();  // dK done: Q is free
+            pipeline_q.consumer_release(state);
+          }
+        } else {
+          // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
+          // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
+          // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
+          // the stage before it (which this block's dQ will overwrite) has been read, and after
+          // the barrier hands the previous one to the copy engine.
+          if (tid == 0) tma_store_wait<0>();
+          named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
+          if (tid == 0 && pending >= 0) reduce_pending();
+          Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+          Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
+          wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
+          warpgroup_wait<0>();  // dK, dQ done: Q and dS buffer `buf` are free
+          pipeline_q.consumer_release(state);
 
-        // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
-        // after both warpgroups have passed the next barrier, i.e. finished this dQ product.
-        // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
-        // the stage before it (which this block's dQ will overwrite) has been read, and after
-        // the barrier hands the previous one to the copy engine.
-        if (tid == 0) tma_store_wait<0>();
-        named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
-        if (tid == 0 && pending >= 0) reduce_pending();
-        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
-        wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
-        warpgroup_wait<0>();  // dK, dQ done: Q and dS buffer `buf` are free
-        pipeline_q.consumer_release(state);
+          // Stage dQ (the buffer cycles like dS's); reduced after the next barrier.
+          float4* stage = dq_stage + buf * kStageVecs;
+          CUTE_UNROLL
+          for (int v = 0; v < kDqVecs; ++v)
+            stage[v * Traits::kDqThreads + tid] =
+                make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
+          cutlass::arch::fence_view_async_shared();
+          pending = Traits::kStages * (head * num_m_blocks + m) + buf;
+        }
         ++state;
-
-        // Stage dQ (the buffer cycles like dS's); reduced after the next barrier.
-        float4* stage = dq_stage + buf * kStageVecs;
-        CUTE_UNROLL
-        for (int v = 0; v < kDqVecs; ++v)
-          stage[v * Traits::kConsumerThreads + tid] =
-              make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
-        cutlass::arch::fence_view_async_shared();
-        pending = Traits::kStages * (head * num_m_blocks + m) + buf;
+        ++it;
       }
     }
-    // The last block's stage: every consumer has written it, then thread 0 reduces it and
-    // waits for completion (the shared memory must stay valid until then).
-    named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
-    if (tid == 0) {
-      reduce_pending();
-      bulk_wait_all();
+    if constexpr (Traits::kDqAlternate) {
+      if (dq_tid == 0) bulk_wait_all();  // the shared memory must stay valid until then
+    } else {
+      // The last block's stage: every consumer has written it, then thread 0 reduces it and
+      // waits for completion (the shared memory must stay valid until then).
+      named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
+      if (tid == 0) {
+        reduce_pending();
+        bulk_wait_all();
+      }
     }
   }
 };

@@ -8,10 +8,12 @@
 //   dP^T = V dO^T    (same shape)             SS
 //   dV  += P^T dO    (128 keys x D)           RS, P^T straight from the S^T registers
 //   dK  += dS^T Q    (128 keys x D)           RS, dS^T straight from the dP^T registers
-//   dQ   = dS K      (64 queries x D)         SS, dS from shared memory; warpgroup w takes
-//                                             head-dim columns [wD/2, wD/2 + D/2); staged in
-//                                             shared memory, added to dq_accum by one bulk
-//                                             reduction per block (bwd_dq_convert.hpp)
+//   dQ   = dS K      (64 queries x D)         SS, dS from shared memory; d128: warpgroup w
+//                                             takes head-dim columns [wD/2, wD/2 + D/2); d64:
+//                                             the warpgroups take whole blocks in turn (see
+//                                             kDqAlternate); staged in shared memory, added
+//                                             to dq_accum by one bulk reduction per block
+//                                             (bwd_dq_convert.hpp)
 #include <cstdint>
 #include <type_traits>
 
@@ -40,12 +42,25 @@ struct BwdTraits {
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
   static_assert(kBlockN == 128 && kBlockM == 64, "two consumer warpgroups of 64 keys, 64 queries");
   static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
-  static constexpr int kDqCols = kHeadDim / kConsumerWarpgroups;  // dQ columns per warpgroup
-  // dQ of one query block: kDqPerThread fp32 accumulators per consumer thread, staged and
-  // reduced into dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
+  // dQ = dS K of a query block. At d64 one warpgroup computes all of it, the two taking turns
+  // block by block (kDqAlternate): each wgmma then reads 64 columns of K rather than 32 (the
+  // shared-memory reads per flop of an N = 32 wgmma are 1.5x an N = 64 one's), and the
+  // warpgroup not on dQ duty runs ahead into the next block instead of waiting for the other.
+  // At d128 the whole-D accumulator would not fit the registers: both warpgroups take half of
+  // the head-dim columns of every block.
+  static constexpr bool kDqAlternate = kHeadDim == 64;
+  static_assert(!kDqAlternate || kStages == 2, "turns alternate with the two dS buffers");
+  static constexpr int kDqWarpgroups = kDqAlternate ? 1 : kConsumerWarpgroups;
+  static constexpr int kDqThreads = kDqWarpgroups * 128;
+  static constexpr int kDqCols = kHeadDim / kDqWarpgroups;  // dQ columns per warpgroup
+  // dQ of one query block: kDqPerThread fp32 accumulators per dQ thread, staged and reduced
+  // into dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
   static constexpr int kDqBlockFloats = kBlockM * kHeadDim;
-  static constexpr int kDqPerThread = kDqBlockFloats / kConsumerThreads;
+  static constexpr int kDqPerThread = kDqBlockFloats / kDqThreads;
   static_assert(kDqPerThread % 4 == 0, "float4 stores of the dQ stage");
+  // Shared-memory dQ stages: one per ring stage (a block is staged while the previous one's
+  // reduction still reads), or two per warpgroup when they take turns.
+  static constexpr int kDqStages = kDqAlternate ? 2 * kConsumerWarpgroups : kStages;
 
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers at
   // 384 threads: setmaxnreg needs the totals to match the entry allocation.
@@ -56,7 +71,7 @@ struct BwdTraits {
   // One 64-row wgmma atom per consumer warpgroup, stacked along M (keys) for S^T, dP^T, dK, dV
   // and side by side along N (head dim) for dQ, whose M is the 64 query rows.
   using AtomLayoutKeys = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
-  using AtomLayoutDq = Layout<Shape<_1, Int<kConsumerWarpgroups>, _1>>;
+  using AtomLayoutDq = Layout<Shape<_1, Int<kDqWarpgroups>, _1>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(),
@@ -134,9 +149,7 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDo>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
-    // One dQ stage per ring stage: block i + 1 is written while block i's bulk reduction
-    // still reads.
-    alignas(128) cute::array_aligned<float, kStages * kDqBlockFloats> dq;
+    alignas(128) cute::array_aligned<float, kDqStages * kDqBlockFloats> dq;
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     typename Pipeline::SharedStorage pipeline_q;

@@ -46,7 +46,8 @@ struct BwdTraitsSplitD {
   // dQ of one query block: kDqPerThread fp32 accumulators per consumer thread, added to
   // dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
   static constexpr int kDqBlockFloats = kBlockM * kHeadDim;
-  static constexpr int kDqPerThread = kDqBlockFloats / kConsumerThreads;
+  static constexpr int kDqThreads = kConsumerThreads;  // every consumer holds part of dQ
+  static constexpr int kDqPerThread = kDqBlockFloats / kDqThreads;
   static_assert(kDqPerThread % 4 == 0, "float4 reductions of dQ");
 
   // As BwdTraits: 24 + 2 x 240 = 504 = 3 x 168.

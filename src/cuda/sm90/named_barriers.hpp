@@ -13,9 +13,24 @@ enum class NamedBarrier : int {
   kEpilogue0 = 10,
   kEpilogue1 = 11,
   // Backward: both consumer warpgroups have written their halves of dS (and fenced them for
-  // the async proxy), so either may start dQ = dS K, which reads all of it.
+  // the async proxy), so either may start dQ = dS K, which reads all of it. When the
+  // warpgroups take turns on dQ (d64) there is one per dS buffer: kBwdDsReady + buffer.
   kBwdDsReady = 12,
+  kBwdDsReady1 = 13,
+  // Backward, turns on dQ: the dQ of the block in dS buffer b has been computed, so the other
+  // warpgroup may overwrite the buffer (kBwdDsFree + b).
+  kBwdDsFree = 14,
+  kBwdDsFree1 = 15,
+  // Backward, turns on dQ: consumer warpgroup w (its 128 threads) has staged a dQ block
+  // (kBwdDqStaged + w). The backward kernels have no ping-pong or epilogue barriers, so these
+  // reuse ids 8 and 9.
+  kBwdDqStaged = 8,
+  kBwdDqStaged1 = 9,
 };
+
+__forceinline__ __device__ NamedBarrier operator+(NamedBarrier id, int i) {
+  return static_cast<NamedBarrier>(static_cast<int>(id) + i);
+}
 
 __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
