@@ -44,7 +44,7 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
   if (kp.num_n_blocks > 0) run_bwd_main<Traits>(kp, stream);
   // No keys: dq is zero, written from the zeroed dq_accum like any other.
-  bwd_dq_convert<Traits><<<query_blocks, Traits::kDqThreads, 0, stream>>>(kp);
+  bwd_dq_convert<Traits><<<query_blocks, kDqConvertThreads, 0, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 
