@@ -9,12 +9,13 @@
 // head dim of their dK, dV (bwd_traits.hpp, bwd_mainloop.hpp).
 // Per consumer thread the fp32 accumulators are dK and dV (D/2 floats each, kept for the whole
 // CTA), S^T and dP^T (32 floats each, live together while dS is formed) and dQ (D/4 floats,
-// once S^T and dP^T are converted): at D = 128 the peak is 192 floats of the consumers' 240
+// once S^T and dP^T are converted; D/2 at d64, where the warpgroups take turns on dQ): at D = 128 the peak is 192 floats of the consumers' 240
 // registers before any addressing, which is why the query block is 64 and not 128 (FA3 uses
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
-// dS and an fp32 dQ stage per ring stage (stages x block_m x block_n, stages x block_m x D):
-// 129 KB at D = 64, 225 KB at D = 128 (2 stages; 3 at d64 measured no faster). Each ring stage also holds
+// dS and an fp32 dQ stage per ring stage (stages x block_m x block_n, stages x block_m x D;
+// at d64 two dQ stages per consumer warpgroup): 162 KB at D = 64, 225 KB at D = 128 (2 stages;
+// 3 at d64 measured no faster). Each ring stage also holds
 // the block's lse_log2 and dsum (2 x block_m floats).
 //
 // Split by head dim (d256, split_d): full-D dK and dV per warpgroup would be 256 fp32
@@ -33,10 +34,13 @@ struct Sm90BwdTile {
   int block_n;   // keys per CTA (2 consumer warpgroups x 64)
   int stages;    // depth of the Q and of the dO shared-memory ring
   bool split_d;  // consumer warpgroups split the head dim (not the keys), see above
+  // Split by keys only: the consumer warpgroups take turns on dQ = dS K, one whole query block
+  // each (bwd_traits.hpp), with two fp32 dQ stages per warpgroup.
+  bool dq_turns = false;
 };
 
 inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
-    {64, 64, 128, 2, false},
+    {64, 64, 128, 2, false, true},
     {128, 64, 128, 2, false},
     {256, 64, 64, 2, true},
 };
@@ -54,10 +58,12 @@ constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
   const int kv_q_do = 2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim;
   const int stats = 2 * t.stages * t.block_m * 4;
   if (t.split_d) return (kv_q_do + 2 * 2 * t.block_m * t.block_n) * element_bytes + stats;
+  const int dq_stages = t.dq_turns ? 4 : t.stages;  // BwdTraits::kDqStages
   return (kv_q_do + t.stages * t.block_m * t.block_n) * element_bytes +
-         t.stages * t.block_m * t.head_dim * 4 + stats;
+         dq_stages * t.block_m * t.head_dim * 4 + stats;
 }
 
+static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(64), 2) <= 227 * 1024);
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(256), 2) <= 227 * 1024);
 

@@ -43,12 +43,12 @@ struct BwdTraits {
   static_assert(kBlockN == 128 && kBlockM == 64, "two consumer warpgroups of 64 keys, 64 queries");
   static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
   // dQ = dS K of a query block. At d64 one warpgroup computes all of it, the two taking turns
-  // block by block (kDqAlternate): each wgmma then reads 64 columns of K rather than 32 (the
+  // block by block (kDqAlternate, the tile's dq_turns): each wgmma then reads 64 columns of K rather than 32 (the
   // shared-memory reads per flop of an N = 32 wgmma are 1.5x an N = 64 one's), and the
   // warpgroup not on dQ duty runs ahead into the next block instead of waiting for the other.
   // At d128 the whole-D accumulator would not fit the registers: both warpgroups take half of
   // the head-dim columns of every block.
-  static constexpr bool kDqAlternate = kHeadDim == 64;
+  static constexpr bool kDqAlternate = kTile.dq_turns;
   static_assert(!kDqAlternate || kStages == 2, "turns alternate with the two dS buffers");
   static constexpr int kDqWarpgroups = kDqAlternate ? 1 : kConsumerWarpgroups;
   static constexpr int kDqThreads = kDqWarpgroups * 128;
