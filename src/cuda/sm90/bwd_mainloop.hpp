@@ -75,7 +75,8 @@ struct BwdMainloop {
     const int warpgroup = tid / 128;
     const int dq_tid = Traits::kDqAlternate ? tid % 128 : tid;
     auto thr_dq = mma_dq.get_thread_slice(dq_tid);
-    // Shared-memory descriptors; the A operands of S^T and dP^T are this warpgroup's 64 keys.
+    // Shared-memory descriptors (or, kKVInRegisters, register fragments); the A operands of
+    // S^T and dP^T are this warpgroup's 64 keys.
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);       // (1, 1, D/16)
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (1, 1, D/16, stages)
     Tensor tdPrV = thr_sdp.partition_fragment_A(sV);      // (1, 1, D/16)
@@ -126,6 +127,11 @@ struct BwdMainloop {
     int it = 0;
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+    if constexpr (Traits::kKVInRegisters) {
+      // This warpgroup's K and V rows as register A operands, for the whole loop.
+      copy(thr_sdp.partition_A(sK), tSrK);
+      copy(thr_sdp.partition_A(sV), tdPrV);
+    }
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       for (int m = m_range.begin; m < m_range.end; ++m) {
         const int m0 = m * kBlockM;

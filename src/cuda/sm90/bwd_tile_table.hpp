@@ -37,10 +37,14 @@ struct Sm90BwdTile {
   // Split by keys only: the consumer warpgroups take turns on dQ = dS K, one whole query block
   // each (bwd_traits.hpp), with two fp32 dQ stages per warpgroup.
   bool dq_turns = false;
+  // Split by keys only: each consumer warpgroup keeps its K and V rows in registers, as the A
+  // operands of S^T = K Q^T and dP^T = V dO^T (register-sourced wgmma reads only Q and dO from
+  // shared memory; see bwd_traits.hpp). D/8 + D/8 registers per thread: d64 only.
+  bool kv_in_registers = false;
 };
 
 inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
-    {64, 64, 128, 2, false, true},
+    {64, 64, 128, 2, false, true, true},
     {128, 64, 128, 2, false},
     {256, 64, 64, 2, true},
 };

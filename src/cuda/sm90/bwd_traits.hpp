@@ -72,9 +72,17 @@ struct BwdTraits {
   // and side by side along N (head dim) for dQ, whose M is the 64 query rows.
   using AtomLayoutKeys = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
   using AtomLayoutDq = Layout<Shape<_1, Int<kDqWarpgroups>, _1>>;
+  // S^T and dP^T read their A operands (this warpgroup's K and V rows) from shared memory, or,
+  // with kKVInRegisters, from registers loaded once per CTA: an SS wgmma of N = 64 reads
+  // 4 KB of shared memory per 32 tensor-core cycles, the whole 128 B/clk of an SM, so the
+  // register-sourced A halves what S^T and dP^T take of it (d64: the main loop is
+  // shared-memory-bound, not tensor-bound).
+  static constexpr bool kKVInRegisters = kTile.kv_in_registers;
+  using SdPShape = Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float,
-                           Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(),
+      std::conditional_t<kKVInRegisters,
+                         decltype(GMMA::rs_op_selector<Element, Element, float, SdPShape>()),
+                         decltype(GMMA::ss_op_selector<Element, Element, float, SdPShape>())>{},
       AtomLayoutKeys{}));
   using TiledMmaDkv = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float,
