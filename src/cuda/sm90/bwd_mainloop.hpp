@@ -19,6 +19,7 @@
 // Q and dO share one PipelineState: stage i of both rings holds the same query block.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -144,65 +145,77 @@ struct BwdMainloop {
 
         Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
         Tensor dp_rc = make_tensor(acc_dp.data(), wgmma_acc_rowcol(acc_dp.layout()));
-        // Only tiles crossing a band edge or a sequence end carry the per-element mask: the
-        // queries each of this thread's two keys sees, as block-relative bounds.
-        const bool masked = !mask.tile_unmasked(m, kBlockM, n_block, kBlockN);
-        int first[kRows], last[kRows];
-        if (masked) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
-        }
-        auto visible = [&](int r, int c) {
-          const int q = get<1>(cS_rc(r, c));
-          return q >= first[r] && q <= last[r];
-        };
         const float* lse_stage = ss.lse_log2[state.index()];
         const float* dsum_stage = ss.dsum[state.index()];
-        warpgroup_wait<1>();  // S^T done; dP^T still running
-        if (!has_softcap) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; c += 2) {
-            const float2 lse = stats_of(lse_stage, c);
+        // P^T and dS^T, compiled twice: tiles inside the band and the sequences (all of a
+        // non-causal call but the sequence ends) skip the per-element mask altogether, which
+        // otherwise costs more issue slots than the exponentials.
+        auto probabilities_and_ds = [&](auto masked_tag) {
+          constexpr bool kMasked = decltype(masked_tag)::value;
+          // The queries each of this thread's two keys sees, as block-relative bounds.
+          int first[kRows], last[kRows];
+          if constexpr (kMasked) {
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
-              CUTE_UNROLL
-              for (int e = 0; e < 2; ++e) {
-                const float x = fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x));
-                s_rc(r, c + e) = masked && !visible(r, c + e) ? 0.f : x;
-              }
+              mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
           }
-        }
-        warpgroup_wait<0>();  // dP^T done
-        if (!has_softcap) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; c += 2) {
-            const float2 dsum = stats_of(dsum_stage, c);
+          auto keep = [&](int r, int c, float x) {
+            if constexpr (kMasked) {
+              const int q = get<1>(cS_rc(r, c));
+              return q >= first[r] && q <= last[r] ? x : 0.f;
+            }
+            return x;
+          };
+          warpgroup_wait<1>();  // S^T done; dP^T still running
+          if (!has_softcap) {
             CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r)
+            for (int c = 0; c < kCols; c += 2) {
+              const float2 lse = stats_of(lse_stage, c);
               CUTE_UNROLL
-              for (int e = 0; e < 2; ++e)
-                dp_rc(r, c + e) = s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x));
+              for (int r = 0; r < kRows; ++r)
+                CUTE_UNROLL
+                for (int e = 0; e < 2; ++e)
+                  s_rc(r, c + e) = keep(
+                      r, c + e, fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x)));
+            }
           }
-        } else {
-          // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
-          // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; c += 2) {
-            const float2 lse = stats_of(lse_stage, c);
-            const float2 dsum = stats_of(dsum_stage, c);
+          warpgroup_wait<0>();  // dP^T done
+          if (!has_softcap) {
             CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r)
+            for (int c = 0; c < kCols; c += 2) {
+              const float2 dsum = stats_of(dsum_stage, c);
               CUTE_UNROLL
-              for (int e = 0; e < 2; ++e) {
-                const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
-                const float x = fast_exp2(t * scale_log2 - (e ? lse.y : lse.x));
-                const float pr = masked && !visible(r, c + e) ? 0.f : x;
-                s_rc(r, c + e) = pr;
-                dp_rc(r, c + e) = pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
-              }
+              for (int r = 0; r < kRows; ++r)
+                CUTE_UNROLL
+                for (int e = 0; e < 2; ++e)
+                  dp_rc(r, c + e) = s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x));
+            }
+          } else {
+            // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
+            // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; c += 2) {
+              const float2 lse = stats_of(lse_stage, c);
+              const float2 dsum = stats_of(dsum_stage, c);
+              CUTE_UNROLL
+              for (int r = 0; r < kRows; ++r)
+                CUTE_UNROLL
+                for (int e = 0; e < 2; ++e) {
+                  const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
+                  const float pr =
+                      keep(r, c + e, fast_exp2(t * scale_log2 - (e ? lse.y : lse.x)));
+                  s_rc(r, c + e) = pr;
+                  dp_rc(r, c + e) =
+                      pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
+                }
+            }
           }
-        }
+        };
+        // Only tiles crossing a band edge or a sequence end carry the per-element mask.
+        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
+          probabilities_and_ds(std::false_type{});
+        else
+          probabilities_and_ds(std::true_type{});
 
         // dV += P^T dO.
         Tensor p_regs = convert_fragment<Element>(acc_s);
