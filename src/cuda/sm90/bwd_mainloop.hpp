@@ -4,7 +4,8 @@
 // blocks of 64 query rows (with their lse_log2 and dsum) through two TMA rings, for every
 // query head of the kv head's group and every query block that sees some of the keys; each
 // consumer warpgroup (64 of the keys) runs, per query block,
-//   S^T = K Q^T, dP^T = V dO^T                  (issued together)
+//   S^T = K Q^T, dP^T = V dO^T                  (issued together; d64: K and V from
+//                                                registers, loaded once per CTA)
 //   P^T = exp2(S^T * scale_log2 - lse_log2)     (while dP^T is still on the tensor cores)
 //   dS^T = P^T o (dP^T - dsum)                  (softcap: o (1 - tanh^2), see below)
 //   dV += P^T dO, dK += dS^T Q                  (P^T, dS^T straight from registers)

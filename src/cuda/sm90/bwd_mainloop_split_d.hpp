@@ -13,6 +13,7 @@
 // their lse_log2 and dsum from the ring stage (two values, no shuffles).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -119,51 +120,59 @@ struct BwdMainloopSplitD {
 
         Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
         Tensor dp_rc = make_tensor(acc_dp.data(), wgmma_acc_rowcol(acc_dp.layout()));
-        // Only tiles crossing a band edge or a sequence end carry the per-element mask: the
-        // keys each of this thread's two queries sees, as block-relative bounds.
-        const bool masked = !mask.tile_unmasked(m, kBlockM, n_block, kBlockN);
-        int first[kRows], last[kRows];
-        if (masked) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            mask.row_window(m0 + get<0>(cS_rc(r, 0)), n0, kBlockN, first[r], last[r]);
-        }
-        auto visible = [&](int r, int c) {
-          const int k = get<1>(cS_rc(r, c));
-          return k >= first[r] && k <= last[r];
+        // P and dS, compiled twice: tiles inside the band and the sequences skip the
+        // per-element mask altogether (as in bwd_mainloop.hpp).
+        auto probabilities_and_ds = [&](auto masked_tag) {
+          constexpr bool kMasked = decltype(masked_tag)::value;
+          // The keys each of this thread's two queries sees, as block-relative bounds.
+          int first[kRows], last[kRows];
+          if constexpr (kMasked) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              mask.row_window(m0 + get<0>(cS_rc(r, 0)), n0, kBlockN, first[r], last[r]);
+          }
+          auto keep = [&](int r, int c, float x) {
+            if constexpr (kMasked) {
+              const int k = get<1>(cS_rc(r, c));
+              return k >= first[r] && k <= last[r] ? x : 0.f;
+            }
+            return x;
+          };
+          warpgroup_wait<1>();  // S done; dP still running
+          warpgroup_fence_operand(acc_s);
+          if (!has_softcap) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c)
+                s_rc(r, c) = keep(r, c, fast_exp2(s_rc(r, c) * scale_log2 - lse[r]));
+          }
+          warpgroup_wait<0>();  // dP done
+          warpgroup_fence_operand(acc_dp);
+          if (!has_softcap) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c)
+                dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dsum[r]);
+          } else {
+            // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
+            // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const float t = tanhf(s_rc(r, c) * kp.softcap_in_scale);
+                const float pr = keep(r, c, fast_exp2(t * scale_log2 - lse[r]));
+                s_rc(r, c) = pr;
+                dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t);
+              }
+          }
         };
-        warpgroup_wait<1>();  // S done; dP still running
-        warpgroup_fence_operand(acc_s);
-        if (!has_softcap) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const float x = fast_exp2(s_rc(r, c) * scale_log2 - lse[r]);
-              s_rc(r, c) = masked && !visible(r, c) ? 0.f : x;
-            }
-        }
-        warpgroup_wait<0>();  // dP done
-        warpgroup_fence_operand(acc_dp);
-        if (!has_softcap) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dsum[r]);
-        } else {
-          // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
-          // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const float t = tanhf(s_rc(r, c) * kp.softcap_in_scale);
-              const float x = fast_exp2(t * scale_log2 - lse[r]);
-              const float pr = masked && !visible(r, c) ? 0.f : x;
-              s_rc(r, c) = pr;
-              dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t);
-            }
-        }
+        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
+          probabilities_and_ds(std::false_type{});
+        else
+          probabilities_and_ds(std::true_type{});
 
         // P and dS to shared memory. The buffer alternates with the blocks, as the 2-stage
         // Q/dO ring index does; buffer `stage` is rewritten two blocks later, after both
