@@ -11,8 +11,9 @@
 //   dV += P^T dO, dK += dS^T Q                  (P^T, dS^T straight from registers)
 //   dS^T -> shared memory; both warpgroups meet; dQ = dS K (d128: each warpgroup half the
 //   columns; d64: one warpgroup, the two taking turns block by block)
-//   dQ -> a shared-memory stage; one thread adds the whole stage to dq_accum with a bulk
-//   reduction after the next meeting (no per-element atomics in the consumers)
+//   dQ -> dq_accum: d128, through a shared-memory stage that one thread adds to dq_accum with
+//   a bulk reduction after the next meeting; d64, float4 reductions from the registers of the
+//   warpgroup whose turn it is (see bwd_traits.hpp, kDqAlternate)
 // dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
 //
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
@@ -257,23 +258,17 @@ struct BwdMainloop {
             warpgroup_wait<0>();  // dQ done: dS buffer `buf` is free
             if (it + 2 < num_blocks)
               named_barrier_arrive(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
-            // Stage dQ in this warpgroup's stage for its turn; before the warpgroup meets,
-            // dq_tid 0 waits until its previous reduction (of the other stage, which the next
-            // turn writes) has read the shared memory, then hands this one to the copy engine.
-            float4* stage = dq_stage + (2 * warpgroup + ((it >> 1) & 1)) * kStageVecs;
+            // Straight from registers into dq_accum: thread dq_tid's element 4v + e goes to
+            // float 4 (v kDqThreads + dq_tid) + e of the block (bwd_dq_convert.hpp), so each
+            // warp's float4 reductions cover 512 contiguous bytes.
+            float4* dq = reinterpret_cast<float4*>(kp.dq_accum + dq_block_offset<Traits>(
+                                                                     p, batch, head, m, num_m_blocks)) +
+                         dq_tid;
             CUTE_UNROLL
             for (int v = 0; v < kDqVecs; ++v)
-              stage[v * Traits::kDqThreads + dq_tid] = make_float4(
-                  acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
-            cutlass::arch::fence_view_async_shared();
-            if (dq_tid == 0) tma_store_wait<0>();
-            named_barrier_sync(NamedBarrier::kBwdDqStaged + warpgroup, Traits::kDqThreads);
-            if (dq_tid == 0) {
-              bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, head, m, num_m_blocks),
-                              reinterpret_cast<const float*>(stage),
-                              Traits::kDqBlockFloats * sizeof(float));
-              tma_store_arrive();
-            }
+              atomicAdd(dq + v * Traits::kDqThreads,
+                        make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2),
+                                    acc_dq(4 * v + 3)));
           } else {
             named_barrier_arrive(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
             warpgroup_wait<0>();  // dK done: Q is free
@@ -307,9 +302,7 @@ struct BwdMainloop {
         ++it;
       }
     }
-    if constexpr (Traits::kDqAlternate) {
-      if (dq_tid == 0) bulk_wait_all();  // the shared memory must stay valid until then
-    } else {
+    if constexpr (!Traits::kDqAlternate) {
       // The last block's stage: every consumer has written it, then thread 0 reduces it and
       // waits for completion (the shared memory must stay valid until then).
       named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);

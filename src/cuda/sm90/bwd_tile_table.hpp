@@ -14,7 +14,7 @@
 // 64 x 128 at hdim128 for causal/softcap for the same reason).
 // Shared memory: K, V (block_n x D each, loaded once), Q and dO (stages x block_m x D each)
 // dS and an fp32 dQ stage per ring stage (stages x block_m x block_n, stages x block_m x D;
-// at d64 two dQ stages per consumer warpgroup): 162 KB at D = 64, 225 KB at D = 128 (2 stages;
+// none at d64, where dQ is reduced from registers): 97 KB at D = 64, 225 KB at D = 128 (2 stages;
 // 3 at d64 measured no faster). Each ring stage also holds
 // the block's lse_log2 and dsum (2 x block_m floats).
 //
@@ -35,7 +35,7 @@ struct Sm90BwdTile {
   int stages;    // depth of the Q and of the dO shared-memory ring
   bool split_d;  // consumer warpgroups split the head dim (not the keys), see above
   // Split by keys only: the consumer warpgroups take turns on dQ = dS K, one whole query block
-  // each (bwd_traits.hpp), with two fp32 dQ stages per warpgroup.
+  // each (bwd_traits.hpp), reduced into dq_accum from registers (no fp32 dQ stage).
   bool dq_turns = false;
   // Split by keys only: each consumer warpgroup keeps its K and V rows in registers, as the A
   // operands of S^T = K Q^T and dP^T = V dO^T (register-sourced wgmma reads only Q and dO from
@@ -62,7 +62,7 @@ constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
   const int kv_q_do = 2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim;
   const int stats = 2 * t.stages * t.block_m * 4;
   if (t.split_d) return (kv_q_do + 2 * 2 * t.block_m * t.block_n) * element_bytes + stats;
-  const int dq_stages = t.dq_turns ? 4 : t.stages;  // BwdTraits::kDqStages
+  const int dq_stages = t.dq_turns ? 0 : t.stages;  // BwdTraits::kDqStages
   return (kv_q_do + t.stages * t.block_m * t.block_n) * element_bytes +
          dq_stages * t.block_m * t.head_dim * 4 + stats;
 }

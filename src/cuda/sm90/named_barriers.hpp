@@ -21,11 +21,6 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
-  // Backward, turns on dQ: consumer warpgroup w (its 128 threads) has staged a dQ block
-  // (kBwdDqStaged + w). The backward kernels have no ping-pong or epilogue barriers, so these
-  // reuse ids 8 and 9.
-  kBwdDqStaged = 8,
-  kBwdDqStaged1 = 9,
 };
 
 __forceinline__ __device__ NamedBarrier operator+(NamedBarrier id, int i) {
