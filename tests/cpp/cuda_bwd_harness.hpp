@@ -73,6 +73,9 @@ inline std::string describe(const BwdCase& c) {
 }
 
 struct BwdResult {
+  // The build has no kernel for the case (a FLASHCPP_HEAD_DIMS / FLASHCPP_DTYPES subset):
+  // check() ran nothing, and the case is reported by report_unbuilt_cases().
+  bool not_built = false;
   std::vector<float> dq, dk, dv;  // GPU (last run), logical [B, N, H, D] or [total, H, D]
   std::vector<float> ref_dq, ref_dk, ref_dv;
   std::vector<std::vector<std::uint16_t>> bits;  // per run: dq, dk, dv memory images, joined
@@ -275,10 +278,35 @@ inline void expect_grad_close(const char* name, DType t, const std::vector<float
 
 // Runs the case `repeats` times, checks the last run against the reference and, with more
 // than one run, that every run gave the same bits.
+inline std::vector<std::string>& unbuilt_cases() {
+  static std::vector<std::string> cases;
+  return cases;
+}
+
+// Called from the suites' TearDown: a test some of whose cases need kernels this build lacks
+// is reported as skipped (listing them) when the cases that ran all passed.
+inline void report_unbuilt_cases() {
+  std::vector<std::string>& cases = unbuilt_cases();
+  if (cases.empty()) return;
+  std::string list;
+  for (const std::string& c : cases) list += "\n  " + c;
+  const std::size_t n = cases.size();
+  cases.clear();
+  GTEST_SKIP() << n << " case(s) need kernels not in this build:" << list;
+}
+
 inline BwdResult check(const BwdCase& c, int repeats = 1) {
   SCOPED_TRACE(describe(c));
   BwdResult r;
-  run_bwd_case(c, r, repeats);
+  try {
+    run_bwd_case(c, r, repeats);
+  } catch (const Error& e) {
+    // Only the dispatch's "no ... kernel ... in this build" error; anything else fails.
+    if (std::string(e.what()).find("in this build") == std::string::npos) throw;
+    unbuilt_cases().push_back(describe(c) + ": " + e.what());
+    r.not_built = true;
+    return r;
+  }
   EXPECT_EQ(r.info.backend, c.expect);
   const char* prefix = c.expect == Backend::cuda_sm90 ? "sm90_bwd_" : "sm80_bwd_";
   EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << r.info.kernel;
@@ -343,7 +371,7 @@ inline void check_unseen_rows_and_keys_give_zero(const BwdCase& base) {
     c.Nk = 4;
     c.causal = true;
     const BwdResult r = check(c);
-    for (int i = 0; i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
+    for (int i = 0; !r.not_built && i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
   }
   for (int nk : {10, 1000}) {
     BwdCase c = base;  // window (0, 0): query i sees key i + nk - 4 only
@@ -351,7 +379,7 @@ inline void check_unseen_rows_and_keys_give_zero(const BwdCase& base) {
     c.Nk = nk;
     c.wl = c.wr = 0;
     const BwdResult r = check(c);
-    for (int i = 0; i < (nk - 4) * c.D; ++i) {
+    for (int i = 0; !r.not_built && i < (nk - 4) * c.D; ++i) {
       ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
       ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
     }
