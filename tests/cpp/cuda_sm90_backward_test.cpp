@@ -73,10 +73,11 @@ TEST_F(CudaSm90Backward, ReportsBackendAndKernel) {
   for (int d : {256, 192, 160}) {
     c.D = d;
     const BwdResult r256 = check(c);
-    if (!r256.not_built)
+    if (!r256.not_built) {
       EXPECT_NE(std::string(r256.info.kernel).find("sm90_bwd_bf16_hdim256_64x64"),
                 std::string::npos)
           << r256.info.kernel;
+    }
   }
 }
 
