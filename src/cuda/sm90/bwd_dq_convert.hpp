@@ -5,12 +5,12 @@
 // Traits::kDqBlockFloats floats at ((batch * Hq + head) * num_m_blocks + m) * kDqBlockFloats,
 // and inside it dQ thread tid's accumulator element 4v + e sits at float
 // 4 * (v * kDqThreads + tid) + e (tid counts the threads of the warpgroups that compute a
-// block's dQ: both consumer warpgroups, or at d64 the one whose turn it is). That is the order in which the consumers stage dQ in
-// shared memory (float4 stores, conflict-free), so one bulk reduction adds a whole block (the
-// split_d kernel, without room for the stage, adds the same float4s with atomics: each warp
-// covers 512 contiguous bytes); the post-pass undoes the permutation with the same TiledMma
-// partition. Rows past the sequence
-// and columns past the real head dim hold zeros there (Q and K are zero-filled by TMA) and are
+// block's dQ: both consumer warpgroups, or at d64 the one whose turn it is). At d128 that is
+// the order in which the consumers stage dQ in shared memory (float4 stores, conflict-free),
+// so one bulk reduction adds a whole block; d64 and the split_d kernel add the same float4s
+// from registers with atomics (each warp covers 512 contiguous bytes). The post-pass undoes
+// the permutation with the same TiledMma partition. Rows past the sequence and columns past
+// the real head dim hold zeros there (Q and K are zero-filled by TMA) and are
 // never written to dq.
 #include <cstdint>
 
