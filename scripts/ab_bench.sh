@@ -13,7 +13,9 @@
 #   AB_TESTS       gtest filter run on "new" (default CudaSm90Backward.*; "" skips)
 #   AB_RACECHECK   gtest filter run on "new" under compute-sanitizer racecheck ("" skips)
 #   AB_ROUNDS      benchmark rounds, each runs both trees (default 2)
-# Prints ratios new/base (time) per cell last; OUT_DIR/ab.csv has every cell of every round.
+# Prints ratios new/base (time) per cell last (also OUT_DIR/summary.txt); OUT_DIR/ab.csv has
+# every cell of every round. The device tool returns a limited number of files: pack OUT_DIR
+# (tar) when running it there.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -57,6 +59,7 @@ base_rc=$?
 echo "build: new rc=$new_rc base rc=$base_rc ($((SECONDS - start)) s)"
 ((new_rc == 0 && base_rc == 0)) || { tail -n 30 "$out/build-new.log" "$out/build-base.log"; exit 3; }
 for who in base new; do
+  # every kernel of the build, sm80 fallbacks compiled for sm_90 included
   echo "spills ($who): $(grep -h "bytes spill" "$out/build-$who.log" | grep -cv " 0 bytes spill stores, 0 bytes spill loads") kernels with spills"
 done
 
@@ -80,7 +83,7 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 
-"$python" - "$out" "$rounds" <<'PY'
+"$python" - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
 import csv, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = []  # (who, round, impl, cell, ms)
