@@ -196,6 +196,29 @@ constexpr Sm80BwdKernel kSm80BwdKernels[] = {
 };
 #undef FLASHCPP_SM80_BWD
 
+// The error for a backward call that no built kernel runs. When the sm90a backward was asked
+// for (cuda_sm90, or automatic on Hopper) it lists the sm90a head dims too: the call reached
+// sm80 only as the fallback, and a message naming sm80 alone would puzzle a cuda_sm90 caller.
+Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
+  const std::string dtype = element_name(p.dtype);
+  std::string built;
+  if (sm90_asked) {
+    built = "sm90a backward head dims for " + dtype + ": " +
+            built_head_dims(sm90::kBwdKernels, p.dtype);
+    // One of them covers the head dim: the call is of a kind the sm90a backward does not take.
+    if (sm90::find_bwd_kernel(p) != nullptr)
+      built += " (which do not take varlen, deterministic, Nq = 0 or odd head dim calls, nor "
+               "TMA-incompatible strides)";
+    built += "; ";
+  }
+  built += "sm80 backward head dims for " + dtype + ": " +
+           built_head_dims(kSm80BwdKernels, p.dtype);
+  return Error(std::string("cuda backward: no ") + (sm90_asked ? "" : "sm80 ") +
+               "backward kernel for head dim " + std::to_string(p.head_dim) + " " + dtype +
+               " in this build (" + built +
+               "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+}
+
 // A caller's workspace must hold `need` bytes from a 16-byte aligned address (the kernels
 // accumulate into it with vector atomics and stores).
 void check_workspace(Workspace workspace, std::uint64_t need, const std::string& what) {
@@ -371,10 +394,10 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
   if (params.heads_q > kGridYZ)
     throw Error("q: " + std::to_string(params.heads_q) +
                 " heads exceed the CUDA backward's limit of 65535");
-  if ((backend == Backend::cuda_sm90 ||
-       (backend == Backend::automatic && !sm90::disabled_by_env())) &&
-      is_sm90(dev) && sm90::bwd_covers(params))
-    return backward_sm90(params, stream, workspace);
+  const bool sm90_asked = (backend == Backend::cuda_sm90 ||
+                           (backend == Backend::automatic && !sm90::disabled_by_env())) &&
+                          is_sm90(dev);
+  if (sm90_asked && sm90::bwd_covers(params)) return backward_sm90(params, stream, workspace);
   if (params.head_dim_v != params.head_dim)
     throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
                 ") different from head_dim (" + std::to_string(params.head_dim) +
@@ -384,12 +407,7 @@ RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
                 " is not supported (supported: fp16, bf16)");
   const Sm80BwdKernel* kernel =
       smallest_covering(kSm80BwdKernels, params.dtype, params.head_dim);
-  if (!kernel)
-    throw Error("cuda backward: no sm80 backward kernel for head dim " +
-                std::to_string(params.head_dim) + " " + element_name(params.dtype) +
-                " in this build (built backward head dims for " + element_name(params.dtype) +
-                ": " + built_head_dims(kSm80BwdKernels, params.dtype) +
-                "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+  if (!kernel) throw unbuilt_backward_error(params, sm90_asked);
   const BwdTile t = sm80_bwd_tile(kernel->head_dim);
   const std::string name = std::string("sm80_bwd_") + element_name(params.dtype) + "_hdim" +
                            std::to_string(kernel->head_dim) + "_" + std::to_string(t.block_m) +
