@@ -23,6 +23,7 @@
 
 #include "cuda_test_harness.hpp"
 #include "flashcpp/flashcpp.hpp"
+#include "unbuilt_cases.hpp"
 
 namespace flashcpp::cuda_test {
 
@@ -277,33 +278,15 @@ inline void expect_grad_close(const char* name, DType t, const std::vector<float
 }
 
 // Runs the case `repeats` times, checks the last run against the reference and, with more
-// than one run, that every run gave the same bits.
-inline std::vector<std::string>& unbuilt_cases() {
-  static std::vector<std::string> cases;
-  return cases;
-}
-
-// Called from the suites' TearDown: a test some of whose cases need kernels this build lacks
-// is reported as skipped (listing them) when the cases that ran all passed.
-inline void report_unbuilt_cases() {
-  std::vector<std::string>& cases = unbuilt_cases();
-  if (cases.empty()) return;
-  std::string list;
-  for (const std::string& c : cases) list += "\n  " + c;
-  const std::size_t n = cases.size();
-  cases.clear();
-  GTEST_SKIP() << n << " case(s) need kernels not in this build:" << list;
-}
-
+// than one run, that every run gave the same bits. A case whose kernel this build lacks is
+// recorded for report_unbuilt_cases() and returned with not_built set, unchecked.
 inline BwdResult check(const BwdCase& c, int repeats = 1) {
   SCOPED_TRACE(describe(c));
   BwdResult r;
   try {
     run_bwd_case(c, r, repeats);
   } catch (const Error& e) {
-    // Only the dispatch's "no ... kernel ... in this build" error; anything else fails.
-    if (std::string(e.what()).find("in this build") == std::string::npos) throw;
-    unbuilt_cases().push_back(describe(c) + ": " + e.what());
+    if (!record_if_unbuilt(describe(c), e)) throw;
     r.not_built = true;
     return r;
   }

@@ -2,7 +2,8 @@
 // the same rounded inputs), with Backend::cuda_sm80 requested (on Hopper the automatic backend
 // takes the sm90 kernels, tested in cuda_sm90_forward_test.cpp). Every test skips when no GPU is present
 // (CI has none). The harness and the checks shared with cuda_sm90_forward_test.cpp are in
-// cuda_test_harness.hpp.
+// cuda_test_harness.hpp. Cases whose kernel a FLASHCPP_HEAD_DIMS / FLASHCPP_DTYPES subset lacks
+// are skipped and listed (report_unbuilt_cases()); the GPU workflow builds them all.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -23,6 +24,7 @@ using namespace cuda_test;
 class CudaForward : public ::testing::Test {
  protected:
   void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override { report_unbuilt_cases(); }
 };
 
 TEST_F(CudaForward, ReportsBackendAndKernel) {
@@ -51,7 +53,9 @@ TEST_F(CudaForward, SplitKvForced) {
     Case c;
     c.causal = causal;
     const Result r = check_split_kv_forced(c);
-    EXPECT_NE(std::string(r.info.kernel).find("splitkv"), std::string::npos);
+    if (!r.not_built) {
+      EXPECT_NE(std::string(r.info.kernel).find("splitkv"), std::string::npos);
+    }
   }
   Case c;
   c.seqlens_q = {3, 0, 70};
@@ -79,6 +83,7 @@ TEST_F(CudaForward, SplitKvForcedWithoutWorkspaceThrows) {
 TEST_F(CudaForward, SplitKvHeuristicDecode) {
   Case c = decode_case(Case{});
   const Result r = check(c);
+  if (r.not_built) return;
   EXPECT_GT(r.info.num_splits, 1) << "decode shape should split";
   c.give_workspace = false;  // no workspace: same answer, unsplit
   const Result r2 = check(c);

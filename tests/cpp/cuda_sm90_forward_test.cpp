@@ -3,8 +3,11 @@
 // Backend::cuda_sm90. Cases the sm90 kernels do not cover yet (varlen, split-KV) must fall back
 // to the sm80 kernels and say so in RunInfo. Every test skips without a GPU, on a GPU that is
 // not sm90, and in a build without the sm90a kernels. The harness (same data, poisoning,
-// reference and error bounds as cuda_forward_test.cpp) is cuda_test_harness.hpp; the head dims
-// swept assume the default FLASHCPP_HEAD_DIMS (sm90 kernels for 64, 128 and 256).
+// reference and error bounds as cuda_forward_test.cpp) is cuda_test_harness.hpp. Cases whose
+// kernel a FLASHCPP_HEAD_DIMS / FLASHCPP_DTYPES subset lacks are skipped and listed (the
+// harness's report_unbuilt_cases()); the GPU workflow builds them all. A subset that has an
+// sm80-only head dim (32, 96, 192) but not the sm90 one above it (64, 128, 256) still fails:
+// those cases run on sm80 instead of sm90, which is a fallback, not a missing kernel.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -57,6 +60,7 @@ class CudaSm90Forward : public ::testing::Test {
     static const std::string reason = sm90_skip_reason();
     if (!reason.empty()) GTEST_SKIP() << reason;
   }
+  void TearDown() override { report_unbuilt_cases(); }
 };
 
 TEST_F(CudaSm90Forward, ReportsBackendAndKernel) {
@@ -184,7 +188,10 @@ TEST_F(CudaSm90Forward, VarlenAndSplitKvFallBackToSm80) {
 
   Case d = decode_case(on_sm80);  // decode shape, heuristic splits: sm80 split-KV
   d.num_splits = 0;
-  EXPECT_GT(check(d).info.num_splits, 1);
+  const Result r = check(d);
+  if (!r.not_built) {
+    EXPECT_GT(r.info.num_splits, 1);
+  }
 }
 
 TEST_F(CudaSm90Forward, RepeatedRunsBitwiseIdentical) {
