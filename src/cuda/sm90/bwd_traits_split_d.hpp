@@ -137,6 +137,12 @@ struct BwdTraitsSplitD {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+  // The tile table's formula (sm90_bwd_smem_bytes) counts the payload by hand; the storage
+  // adds only barriers and the rounding to its 1024-byte alignment, so a larger gap means the
+  // two drifted.
+  static_assert(kSmemBytes >= sm90_bwd_smem_bytes(kTile, int(sizeof(Element))) &&
+                    kSmemBytes - sm90_bwd_smem_bytes(kTile, int(sizeof(Element))) < 2048,
+                "sm90_bwd_smem_bytes (bwd_tile_table.hpp) no longer matches SharedStorage");
 };
 
 }  // namespace flashcpp::detail::cuda::sm90
