@@ -88,6 +88,10 @@ struct BwdMainloop {
     Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);    // (1, 1, kBlockM/16, stages)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (1, 1, kBlockN/16, 2)
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // (1, 1, kBlockN/16)
+    // dS^T registers to shared memory (stmatrix, see the store below).
+    auto ds_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto ds_copy_thr = ds_copy.get_thread_slice(tid);
+    Tensor tdSsdS = ds_copy_thr.partition_D(sdSt);      // (CPY, CPY_N, CPY_M, buffers)
 
     // (key, query) of every S^T element this thread holds, in the (row, col) view: each thread
     // holds 2 key rows and 16 query columns, in adjacent pairs (2c, 2c + 1).
@@ -95,6 +99,10 @@ struct BwdMainloop {
     Tensor cS_rc = make_tensor(cS.data(), wgmma_acc_rowcol(cS.layout()));
     constexpr int kRows = decltype(size<0>(cS_rc))::value;
     constexpr int kCols = decltype(size<1>(cS_rc))::value;
+    // Statistics loaded before each accumulator wait (see probabilities_and_ds): all of
+    // lse_log2, half of dsum (P^T is live by then; all of dsum spilled 20 B at d128).
+    constexpr int kLsePrefetch = kCols;
+    constexpr int kDsumPrefetch = kCols / 2;
     static_assert(kCols % 2 == 0);
     // dQ stages: thread tid's accumulators as float4s at [j][tid] (conflict-free, linear).
     float4* dq_stage = reinterpret_cast<float4*>(ss.dq.data());
@@ -168,11 +176,18 @@ struct BwdMainloop {
             }
             return x;
           };
+          // The statistics are loaded before the accumulator waits: shared memory is busy with
+          // wgmma operands and TMA writes, and a load issued after the wait put its whole
+          // latency in front of the first exponential (the consumers' most sampled stall in
+          // Nsight Compute at d128).
+          float2 lse_first[kLsePrefetch / 2];
+          CUTE_UNROLL
+          for (int c = 0; c < kLsePrefetch; c += 2) lse_first[c / 2] = stats_of(lse_stage, c);
           warpgroup_wait<1>();  // S^T done; dP^T still running
           if (!has_softcap) {
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
-              const float2 lse = stats_of(lse_stage, c);
+              const float2 lse = c < kLsePrefetch ? lse_first[c / 2] : stats_of(lse_stage, c);
               CUTE_UNROLL
               for (int r = 0; r < kRows; ++r)
                 CUTE_UNROLL
@@ -181,11 +196,14 @@ struct BwdMainloop {
                       r, c + e, fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x)));
             }
           }
+          float2 dsum_first[kDsumPrefetch / 2];
+          CUTE_UNROLL
+          for (int c = 0; c < kDsumPrefetch; c += 2) dsum_first[c / 2] = stats_of(dsum_stage, c);
           warpgroup_wait<0>();  // dP^T done
           if (!has_softcap) {
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
-              const float2 dsum = stats_of(dsum_stage, c);
+              const float2 dsum = c < kDsumPrefetch ? dsum_first[c / 2] : stats_of(dsum_stage, c);
               CUTE_UNROLL
               for (int r = 0; r < kRows; ++r)
                 CUTE_UNROLL
@@ -234,17 +252,15 @@ struct BwdMainloop {
         if constexpr (Traits::kDqAlternate)
           if (it >= 2 && !my_turn)
             named_barrier_sync(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
-        Tensor tdSsdS = thr_sdp.partition_C(sdSt(_, _, buf));
-        // Elements (2i, 2i + 1) are queries (q, q + 1), q even, of one key: adjacent in the
-        // query-contiguous dS, so one 4-byte store.
-        Tensor ds_pairs = recast<std::uint32_t>(ds_regs);
-        CUTE_UNROLL
-        for (int i = 0; i < size(ds_regs); i += 2)
-          *reinterpret_cast<std::uint32_t*>(&tdSsdS(i)) = ds_pairs(i / 2);
-        // Generic-proxy writes that wgmma (async proxy) reads: fence before the barrier.
-        cutlass::arch::fence_view_async_shared();
+        // stmatrix: one instruction stores four 8 x 8 tiles (rows are keys, 8 queries each,
+        // contiguous in the query-contiguous dS), a quarter of the 4-byte stores' instructions
+        // (the MIO queue is the consumers' most frequent stall after the accumulator waits).
+        copy(ds_copy, ds_copy_thr.retile_S(ds_regs), tdSsdS(_, _, _, buf));
         Tensor tdKrdS = make_tensor(ds_regs.data(), wgmma_acc_as_a_operand(ds_regs.layout()));
         wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
+        // Generic-proxy writes that wgmma (async proxy) reads: fence before the barrier. After
+        // dK's issue, so that dK does not wait for the store to complete.
+        cutlass::arch::fence_view_async_shared();
         warpgroup_wait<1>();  // dV done: the P registers are free before dQ's accumulators,
         pipeline_do.consumer_release(state);  // and dO (read by dP^T and dV only) is too
         if constexpr (Traits::kDqAlternate) {
@@ -295,7 +311,9 @@ struct BwdMainloop {
           for (int v = 0; v < kDqVecs; ++v)
             stage[v * Traits::kDqThreads + tid] =
                 make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2), acc_dq(4 * v + 3));
-          cutlass::arch::fence_view_async_shared();
+          // No proxy fence here: the next block's fence after its dS store (before the barrier
+          // that publishes this stage to the bulk reduction) covers these writes too, and the
+          // stores complete behind the next block's products instead of stalling this thread.
           pending = Traits::kStages * (head * num_m_blocks + m) + buf;
         }
         ++state;
@@ -303,8 +321,10 @@ struct BwdMainloop {
       }
     }
     if constexpr (!Traits::kDqAlternate) {
-      // The last block's stage: every consumer has written it, then thread 0 reduces it and
-      // waits for completion (the shared memory must stay valid until then).
+      // The last block's stage: every consumer has written it (and fenced it for the copy
+      // engine), then thread 0 reduces it and waits for completion (the shared memory must
+      // stay valid until then).
+      cutlass::arch::fence_view_async_shared();
       named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
       if (tid == 0) {
         reduce_pending();
