@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"subset of {','.join(ALL_IMPLS)}")
     p.add_argument("--reps", type=int, default=MIN_REPS,
                    help=f"timed repetitions per cell, median reported (>= {MIN_REPS} per BENCH.md)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="timing rounds per cell, the implementations' order rotating each round "
+                        "(--reps calls per round; the median is over all of them)")
     p.add_argument("--quick", action="store_true",
                    help="reduced grid: D 128, N 1k and 4k, causal off and on, all modes")
     p.add_argument("--tokens", type=int, default=G.DEFAULT_TOKENS, help="B * N (default 16384)")
@@ -88,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(e))
     if a.reps < 1:
         p.error("--reps must be positive")
+    if a.rounds < 1:
+        p.error("--rounds must be positive")
     if a.driver:
         if len(a.cases) != 1 or len(a.mode_list) != 1 or len(a.impl_list) != 1:
             p.error("--driver needs exactly one impl, dtype, head dim, seqlen, causal (on/off) "
@@ -119,13 +124,10 @@ def check_cell(peer, mode, fn, ref) -> tuple:
     return errs, reference.verdict(errs)
 
 
-def run_cell(peer, case, mode, ref, reps, n_sets, log) -> R.Result:
-    """Check, then time one cell; any exception becomes an n/a result with the reason."""
-    import torch  # noqa: PLC0415
-    import timing  # noqa: PLC0415
+def check_cell_of(peer, case, mode, ref):
+    """Makes and checks one cell: (fn, max_err, ran) ready to time, or an n/a / wrong Result."""
     if mode in G.BACKWARD_MODES and not peer.has_backward:
         return R.Result(peer.name, case, mode, R.NA, reason="no backward")
-    fn = None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -137,23 +139,51 @@ def run_cell(peer, case, mode, ref, reps, n_sets, log) -> R.Result:
         if bad:
             return R.Result(peer.name, case, mode, R.WRONG, max_err=max_err,
                             reason=bad + (f" (ran {ran})" if ran else ""))
-        with peer.context():
-            stats = timing.time_calls(fn, n_sets=n_sets, reps=reps)
-        log(f"    {peer.name:9s} {mode:8s} {stats['median']:9.4f} ms  "
-            f"(p10 {stats['p10']:.4f}, p90 {stats['p90']:.4f})  max err {max_err:.2e}  {ran}")
-        note = f"p10 {stats['p10']:.4f} ms, p90 {stats['p90']:.4f} ms" + (f"; ran {ran}" if ran else "")
-        return R.Result(peer.name, case, mode, R.OK, ms=stats["median"], max_err=max_err,
-                        reason=note)
+        return fn, max_err, ran
     except Exception as e:  # noqa: BLE001 (unsupported shape, OOM, compile failure: all n/a)
-        reason = short_reason(e, caught if "caught" in locals() else ())
-        if isinstance(e, torch.cuda.OutOfMemoryError):
-            reason = "out of memory: " + reason
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
-        return R.Result(peer.name, case, mode, R.NA, reason=reason)
-    finally:
-        del fn
-        _quiet_sync()
+        return _na_result(peer, case, mode, e, caught if "caught" in locals() else ())
+
+
+def _na_result(peer, case, mode, e, caught=()) -> R.Result:
+    import torch  # noqa: PLC0415
+    reason = short_reason(e, caught)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        reason = "out of memory: " + reason
+    if os.environ.get("BENCH_TRACEBACK"):
+        traceback.print_exception(e)
+    return R.Result(peer.name, case, mode, R.NA, reason=reason)
+
+
+def run_mode(peers, case, mode, ref, reps, rounds, n_sets, log) -> list:
+    """Checks every peer on one (case, mode), then times those that passed together
+    (timing.time_interleaved: rounds in rotating order); one Result per peer, in peer order."""
+    import timing  # noqa: PLC0415
+    results, ready = {}, {}
+    for peer in peers:
+        checked = check_cell_of(peer, case, mode, ref)
+        if isinstance(checked, R.Result):
+            results[peer.name] = checked
+        else:
+            ready[peer.name] = (peer, *checked)
+    try:
+        stats = timing.time_interleaved(
+            {name: fn for name, (_, fn, _, _) in ready.items()}, n_sets=n_sets, reps=reps,
+            rounds=rounds, contexts={name: peer.context for name, (peer, *_) in ready.items()})
+    except Exception as e:  # noqa: BLE001 (a failure outside any one fn: every cell n/a)
+        stats = {name: e for name in ready}
+    for name, (peer, fn, max_err, ran) in ready.items():
+        st = stats[name]
+        if isinstance(st, BaseException):
+            results[name] = _na_result(peer, case, mode, st)
+            continue
+        log(f"    {name:9s} {mode:8s} {st['median']:9.4f} ms  "
+            f"(p10 {st['p10']:.4f}, p90 {st['p90']:.4f}, {st['n']} calls)  max err {max_err:.2e}  {ran}")
+        note = f"p10 {st['p10']:.4f} ms, p90 {st['p90']:.4f} ms" + (f"; ran {ran}" if ran else "")
+        results[name] = R.Result(name, case, mode, R.OK, ms=st["median"], max_err=max_err,
+                                 reason=note)
+    del ready
+    _quiet_sync()
+    return [results[p.name] for p in peers]
 
 
 def _quiet_sync() -> None:
@@ -221,10 +251,9 @@ def run_grid(a, results, log=print) -> None:
                 log(f"    {peer.name:9s} n/a: {reason[:160]}")
                 results += [R.Result(peer.name, case, m, R.NA, reason=reason) for m in a.mode_list]
         for mode in a.mode_list:
-            for peer in prepared:
-                r = run_cell(peer, case, mode, ref, a.reps, n_sets, log)
+            for r in run_mode(prepared, case, mode, ref, a.reps, a.rounds, n_sets, log):
                 if r.status != R.OK:
-                    log(f"    {peer.name:9s} {mode:8s} {r.status}: {r.reason[:160]}")
+                    log(f"    {r.impl:9s} {mode:8s} {r.status}: {r.reason[:160]}")
                 results.append(r)
         for peer in prepared:
             peer.release()
@@ -280,7 +309,8 @@ def main(argv=None) -> int:
     out = a.out or R.default_out_dir(REPO_ROOT, device)
     os.makedirs(out, exist_ok=True)
     command = "python3 bench/sdpa_compare.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-    meta.update({"sdpa_layout": a.sdpa_layout, "reps": a.reps, "command": command,
+    meta.update({"sdpa_layout": a.sdpa_layout, "reps": a.reps, "rounds": a.rounds,
+                 "command": command,
                  "impls": a.impl_list, "modes": a.mode_list})
     R.write_meta(os.path.join(out, "meta.json"), meta)
     print(f"device {device}, torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "

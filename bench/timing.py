@@ -11,11 +11,16 @@ synchronisation between them, so that
 - host-side overhead (Python, dispatch, autograd) shows only where the host cannot keep ahead
   of the GPU, as in a real training step: a spin kernel (torch.cuda._sleep) holds the GPU at
   the start while the host queues the first calls.
+The implementations of one cell are timed in rounds (time_interleaved), the order rotating from
+round to round: the one timed right after the cell's checks (an idle gap) met a clock still
+settling, and with a fixed order that was always the same one (flashcpp's D128 N = 2k backward
+spread over 1.48-1.65 ms across runs where cuDNN, timed second, stayed within 1.45-1.50 ms).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 WARMUP_MS = 300.0      # sustained warm-up, at least WARMUP_MIN calls and at most WARMUP_MAX
 WARMUP_MIN = 3
@@ -45,6 +50,39 @@ def _spin(ms: float) -> None:
 
 def time_calls(fn: Callable[[int], object], n_sets: int = 1, reps: int = 100) -> Dict[str, float]:
     """Times fn(i) for i cycling over the input sets 0..n_sets-1; returns summarize() in ms."""
+    return summarize(timed_calls(fn, n_sets, reps))
+
+
+def rotation_orders(names: Sequence[str], rounds: int) -> List[List[str]]:
+    """The order of each timing round: round r starts at the r-th name (a rotation), so that no
+    implementation is always the one timed first after the cell's checks (an idle gap)."""
+    k = len(names)
+    return [[names[(r + i) % k] for i in range(k)] for r in range(rounds)] if k else []
+
+
+def time_interleaved(fns: Dict[str, Callable[[int], object]], n_sets: int = 1, reps: int = 100,
+                     rounds: int = 2, contexts: Optional[Dict[str, Callable]] = None
+                     ) -> Dict[str, object]:
+    """Times every fn of one cell in `rounds` rounds (rotation_orders), each round a sustained
+    warm-up and `reps` timed calls per fn, inside contexts[name]() if given (entered once per
+    round, not per call); returns name -> summarize() over all its rounds' calls, or name -> the
+    exception that stopped its timing (the others go on)."""
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    failed: Dict[str, BaseException] = {}
+    for order in rotation_orders(list(fns), rounds):
+        for name in order:
+            if name in failed:
+                continue
+            try:
+                with (contexts[name]() if contexts else contextlib.nullcontext()):
+                    times[name] += timed_calls(fns[name], n_sets, reps)
+            except Exception as e:  # noqa: BLE001 (OOM, launch failure: that fn is n/a)
+                failed[name] = e
+    return {name: failed.get(name) or summarize(times[name]) for name in fns}
+
+
+def timed_calls(fn: Callable[[int], object], n_sets: int, reps: int) -> List[float]:
+    """A sustained warm-up, then reps calls each between its own events: per-call times (ms)."""
     import torch  # noqa: PLC0415
 
     torch.cuda.synchronize()
@@ -68,4 +106,4 @@ def time_calls(fn: Callable[[int], object], n_sets: int = 1, reps: int = 100) ->
         fn(r % n_sets)
         ends[r].record()
     torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]

@@ -149,6 +149,42 @@ def test_flags():
     assert a.impl_list == ["flashcpp", "cudnn"] and a.reps == 200 and a.sdpa_layout == "bhsd"
 
 
+def test_rounds_flag():
+    assert SC.parse_args([]).rounds == 2
+    assert SC.parse_args(["--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        SC.parse_args(["--rounds", "0"])
+
+
+def test_rotation_orders_put_each_impl_first_in_turn():
+    orders = T.rotation_orders(["flashcpp", "cudnn", "fa2"], 3)
+    assert orders == [["flashcpp", "cudnn", "fa2"], ["cudnn", "fa2", "flashcpp"],
+                      ["fa2", "flashcpp", "cudnn"]]
+    assert [o[0] for o in T.rotation_orders(["a", "b"], 4)] == ["a", "b", "a", "b"]
+    assert T.rotation_orders([], 2) == []
+
+
+def test_time_interleaved_keeps_timing_the_others_after_a_failure(monkeypatch):
+    calls = []
+
+    def fake_timed_calls(fn, n_sets, reps):
+        calls.append(fn.__name__)
+        fn(0)
+        return [float(len(calls))] * reps
+
+    def good(i):
+        return i
+
+    def bad(i):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(T, "timed_calls", fake_timed_calls)
+    stats = T.time_interleaved({"good": good, "bad": bad}, reps=3, rounds=2)
+    assert isinstance(stats["bad"], RuntimeError)
+    assert stats["good"]["n"] == 6  # both rounds' calls
+    assert calls == ["good", "bad", "good"]  # round 2 would start with bad: skipped
+
+
 def test_bad_flags_exit(capsys):
     with pytest.raises(SystemExit):
         SC.parse_args(["--impls", "flashcpp,triton"])
