@@ -1,14 +1,23 @@
 #pragma once
-// Epilogue of the sm90 backward, run by each consumer warpgroup on its own 64 keys: dK
-// scaled by the softmax scale (dS carries the gradient with respect to the scaled score), both
-// converted to the element type and stored from registers (two neighbouring columns per 4-byte
-// store; keys past the sequence and columns past the real head dim predicated off). A key
-// block that no query sees stores zeros.
+// Epilogue of the sm90 backward, run by each consumer warpgroup: dK scaled by the softmax scale
+// (dS carries the gradient with respect to the scaled score), dK and dV converted to the element
+// type and stored. A key block that no query sees stores zeros.
+//  - Split by keys (d64, d128): the warpgroup's 64 keys of dK and dV go to shared memory (stage
+//    w of the Q and dO rings, stmatrix) and one thread stores each with TMA, whose descriptor
+//    clips keys past the sequence and columns past the real head dim. The register stores this
+//    replaced waited on each other (every store's address and data registers were reused by
+//    the next one): the tail of every CTA.
+//  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
+//    past the sequence and columns past the real head dim predicated off); the rings fill the
+//    shared memory there and nothing else is free to stage in.
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
 
 #include "cuda/common/bwd_params.hpp"
 #include "cuda/common/fragment_utils.hpp"
+#include "cuda/sm90/bwd_params.hpp"
+#include "cuda/sm90/named_barriers.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -17,23 +26,75 @@ using namespace cute;
 template <class Traits>
 struct BwdEpilogue {
   using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
 
   template <class AccDkv>
-  __device__ void operator()(const BwdKernelParams& kp, int n_block, int head_kv, int batch,
-                             AccDkv& acc_dk, AccDkv const& acc_dv, int tid) const {
-    const BackwardParams& p = kp.p;
+  __device__ void operator()(const BwdParams<Traits>& params, int n_block, int head_kv, int batch,
+                             AccDkv& acc_dk, AccDkv const& acc_dv, SharedStorage& ss,
+                             int tid) const {
+    const BackwardParams& p = params.kp.p;
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
-    store(p, acc_dk, p.dk, p.dk_stride, n_block, head_kv, batch, tid);
-    store(p, acc_dv, p.dv, p.dv_stride, n_block, head_kv, batch, tid);
+    if constexpr (Traits::kTile.split_d) {
+      store_registers(p, acc_dk, p.dk, p.dk_stride, n_block, head_kv, batch, tid);
+      store_registers(p, acc_dv, p.dv, p.dv_stride, n_block, head_kv, batch, tid);
+    } else {
+      store_tma(params, acc_dk, acc_dv, n_block, head_kv, batch, ss, tid);
+    }
   }
 
  private:
   template <class AccDkv>
-  __device__ static void store(const BackwardParams& p, AccDkv const& acc, void* dst,
-                               const Strides& s, int n_block, int head_kv, int batch, int tid) {
+  __device__ static void store_tma(const BwdParams<Traits>& params, AccDkv const& acc_dk,
+                                   AccDkv const& acc_dv, int n_block, int head_kv, int batch,
+                                   SharedStorage& ss, int tid) {
+    const BackwardParams& p = params.kp.p;
+    const int wg = tid / 128;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
+    // The rings are free once neither warpgroup reads Q or dO any more (the other one may
+    // still be in its last products) and every load into them has landed (all were waited).
+    named_barrier_sync(NamedBarrier::kBwdEpilogueAll, Traits::kConsumerThreads);
+
+    // A warpgroup's accumulators have the register layout of a one-warpgroup MMA of its 64
+    // keys, so that MMA's stmatrix partition of one ring stage is where they go.
+    using TiledMmaWg = decltype(make_tiled_mma(typename Traits::TiledMmaDkv::Atom{}));
+    auto copy_wg = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaWg{});
+    auto thr = copy_wg.get_thread_slice(tid % 128);
+    Tensor rdk = convert_fragment<Element>(acc_dk);
+    Tensor rdv = convert_fragment<Element>(acc_dv);
+    copy(copy_wg, thr.retile_S(rdk), thr.partition_D(sQ(_, _, wg)));
+    copy(copy_wg, thr.retile_S(rdv), thr.partition_D(sdO(_, _, wg)));
+    // Generic-proxy writes that the TMA store (async proxy) reads.
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(NamedBarrier::kEpilogue0 + wg, 128);
+
+    if (tid % 128 == 0) {
+      auto tile = Shape<_64, Int<kHeadDim>>{};
+      Tensor mdK = params.tma_dk.get_tma_tensor(
+          make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+      Tensor mdV = params.tma_dv.get_tma_tensor(
+          make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
+      Tensor gdK = local_tile(mdK(_, _, head_kv, batch), tile, make_coord(_, _0{}));  // (64, D, n)
+      Tensor gdV = local_tile(mdV(_, _, head_kv, batch), tile, make_coord(_, _0{}));
+      auto [tdKg, tdKs] = tma_partition(params.tma_dk, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sQ), group_modes<0, 2>(gdK));
+      auto [tdVg, tdVs] = tma_partition(params.tma_dv, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sdO), group_modes<0, 2>(gdV));
+      const int block64 = n_block * (kBlockN / 64) + wg;
+      copy(params.tma_dk, tdKs(_, wg), tdKg(_, block64));
+      copy(params.tma_dv, tdVs(_, wg), tdVg(_, block64));
+      tma_store_arrive();
+      tma_store_wait<0>();  // the shared memory stays valid until the stores have read it
+    }
+  }
+
+  template <class AccDkv>
+  __device__ static void store_registers(const BackwardParams& p, AccDkv const& acc, void* dst,
+                                         const Strides& s, int n_block, int head_kv, int batch,
+                                         int tid) {
     typename Traits::TiledMmaDkv mma;
     auto thr = mma.get_thread_slice(tid);
     // (key, dim) of every element; pairs (2i, 2i + 1) are adjacent dims of one key.

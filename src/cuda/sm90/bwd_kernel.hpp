@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (has_work)
       BwdMainloopOf<Traits>{}.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q,
                                   pipeline_do, ss, tid, acc_dk, acc_dv);
-    BwdEpilogue<Traits>{}(kp, n_block, head_kv, batch, acc_dk, acc_dv, tid);
+    BwdEpilogue<Traits>{}(params, n_block, head_kv, batch, acc_dk, acc_dv, ss, tid);
   }
 #endif
 }

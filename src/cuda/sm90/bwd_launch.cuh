@@ -78,6 +78,20 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
       gmem_view(static_cast<const Element*>(p.v), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch,
                 p.v_stride),
       typename Traits::SmemLayoutV{}, kv_tile, _1{});
+  if constexpr (!Traits::kTile.split_d) {
+    const auto out_tile = Shape<_64, Int<kHeadDim>>{};
+    const auto stage = take<0, 2>(typename Traits::SmemLayoutQ{});
+    params.tma_dk = make_tma_copy(
+        SM90_TMA_STORE{},
+        gmem_view(static_cast<Element*>(p.dk), p.seqlen_k, p.head_dim, p.heads_kv, p.batch,
+                  p.dk_stride),
+        stage, out_tile, _1{});
+    params.tma_dv = make_tma_copy(
+        SM90_TMA_STORE{},
+        gmem_view(static_cast<Element*>(p.dv), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch,
+                  p.dv_stride),
+        stage, out_tile, _1{});
+  }
 
   const auto kernel = &bwd_kernel<Traits>;
   constexpr int smem = Traits::kSmemBytes;

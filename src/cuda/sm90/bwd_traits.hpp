@@ -143,6 +143,16 @@ struct BwdTraits {
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // Epilogue (bwd_epilogue.hpp): warpgroup w stages its 64 keys of dK in stage w of the Q ring
+  // and of dV in stage w of the dO ring (free once both warpgroups are done with the loop), and
+  // one of its threads stores each with TMA (rows past the sequence and columns past the real
+  // head dim clipped by the descriptor's extents).
+  static_assert(kStages == kConsumerWarpgroups, "one ring stage per warpgroup's dK, dV half");
+  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                             GmemShape{}, GmemStride{}));
+  using TmaDkv = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{},
+                                        take<0, 2>(SmemLayoutQ{}), Shape<_64, Int<kHeadDim>>{},
+                                        _1{}));
 
   // One stage of the Q ring brings a Q block and its lse_log2 row, one of the dO ring a dO
   // block and its dsum row (bulk copies of the pre-pass's blocked statistics).

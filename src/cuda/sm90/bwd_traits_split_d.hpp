@@ -111,6 +111,9 @@ struct BwdTraitsSplitD {
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaV = TmaK;
+  // dK and dV are stored from registers (bwd_epilogue.hpp): no shared memory is left to stage
+  // them, and no descriptor is built.
+  struct TmaDkv {};
 
   // A Q ring stage brings the block and its lse_log2 row, a dO stage the block and its dsum
   // row (bwd_producer.hpp).

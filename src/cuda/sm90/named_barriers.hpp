@@ -9,7 +9,8 @@ enum class NamedBarrier : int {
   // before issuing its GEMMs and, once they are issued, arrives on the other one's.
   kWarpScheduler0 = 8,
   kWarpScheduler1 = 9,
-  // Epilogue of consumer warpgroup w (its 128 threads): the O buffer is free / has been written.
+  // Epilogue of consumer warpgroup w (its 128 threads): the O buffer (forward) or the dK, dV
+  // staging (backward) is free / has been written.
   kEpilogue0 = 10,
   kEpilogue1 = 11,
   // Backward: both consumer warpgroups have written their halves of dS (and fenced them for
@@ -21,6 +22,9 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
+  // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
+  // The backward has no warp scheduler, so it takes that id.
+  kBwdEpilogueAll = kWarpScheduler0,
 };
 
 __forceinline__ __device__ NamedBarrier operator+(NamedBarrier id, int i) {
