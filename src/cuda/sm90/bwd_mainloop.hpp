@@ -99,9 +99,8 @@ struct BwdMainloop {
     Tensor cS_rc = make_tensor(cS.data(), wgmma_acc_rowcol(cS.layout()));
     constexpr int kRows = decltype(size<0>(cS_rc))::value;
     constexpr int kCols = decltype(size<1>(cS_rc))::value;
-    // Statistics loaded before each accumulator wait (see probabilities_and_ds): all of
-    // lse_log2, half of dsum (P^T is live by then; all of dsum spilled 20 B at d128).
-    constexpr int kLsePrefetch = kCols;
+    // dsum values loaded before the dP^T wait (see probabilities_and_ds): half of this thread's
+    // columns (P^T is live by then; all of them spilled 20 B at d128).
     constexpr int kDsumPrefetch = kCols / 2;
     static_assert(kCols % 2 == 0);
     // dQ stages: thread tid's accumulators as float4s at [j][tid] (conflict-free, linear).
@@ -180,20 +179,20 @@ struct BwdMainloop {
           // wgmma operands and TMA writes, and a load issued after the wait put its whole
           // latency in front of the first exponential (the consumers' most sampled stall in
           // Nsight Compute at d128).
-          float2 lse_first[kLsePrefetch / 2];
+          float2 lse[kCols / 2];
           CUTE_UNROLL
-          for (int c = 0; c < kLsePrefetch; c += 2) lse_first[c / 2] = stats_of(lse_stage, c);
+          for (int c = 0; c < kCols; c += 2) lse[c / 2] = stats_of(lse_stage, c);
           warpgroup_wait<1>();  // S^T done; dP^T still running
           if (!has_softcap) {
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
-              const float2 lse = c < kLsePrefetch ? lse_first[c / 2] : stats_of(lse_stage, c);
+              const float2 lse_c = lse[c / 2];
               CUTE_UNROLL
               for (int r = 0; r < kRows; ++r)
                 CUTE_UNROLL
                 for (int e = 0; e < 2; ++e)
                   s_rc(r, c + e) = keep(
-                      r, c + e, fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse.y : lse.x)));
+                      r, c + e, fast_exp2(s_rc(r, c + e) * scale_log2 - (e ? lse_c.y : lse_c.x)));
             }
           }
           float2 dsum_first[kDsumPrefetch / 2];
@@ -215,7 +214,8 @@ struct BwdMainloop {
             // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
-              const float2 lse = stats_of(lse_stage, c);
+              // Reloaded: keeping lse live across the dP^T wait spilled 72 B at d128.
+              const float2 lse_c = stats_of(lse_stage, c);
               const float2 dsum = stats_of(dsum_stage, c);
               CUTE_UNROLL
               for (int r = 0; r < kRows; ++r)
@@ -223,7 +223,7 @@ struct BwdMainloop {
                 for (int e = 0; e < 2; ++e) {
                   const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
                   const float pr =
-                      keep(r, c + e, fast_exp2(t * scale_log2 - (e ? lse.y : lse.x)));
+                      keep(r, c + e, fast_exp2(t * scale_log2 - (e ? lse_c.y : lse_c.x)));
                   s_rc(r, c + e) = pr;
                   dp_rc(r, c + e) =
                       pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
@@ -254,7 +254,7 @@ struct BwdMainloop {
             named_barrier_sync(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
         // stmatrix: one instruction stores four 8 x 8 tiles (rows are keys, 8 queries each,
         // contiguous in the query-contiguous dS), a quarter of the 4-byte stores' instructions
-        // (the MIO queue is the consumers' most frequent stall after the accumulator waits).
+        // through the MIO queue.
         copy(ds_copy, ds_copy_thr.retile_S(ds_regs), tdSsdS(_, _, _, buf));
         Tensor tdKrdS = make_tensor(ds_regs.data(), wgmma_acc_as_a_operand(ds_regs.layout()));
         wgmma<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, state.index()), acc_dk);
