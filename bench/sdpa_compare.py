@@ -124,7 +124,7 @@ def check_cell(peer, mode, fn, ref) -> tuple:
     return errs, reference.verdict(errs)
 
 
-def check_cell_of(peer, case, mode, ref):
+def make_and_check(peer, case, mode, ref):
     """Makes and checks one cell: (fn, max_err, ran) ready to time, or an n/a / wrong Result."""
     if mode in G.BACKWARD_MODES and not peer.has_backward:
         return R.Result(peer.name, case, mode, R.NA, reason="no backward")
@@ -160,7 +160,7 @@ def run_mode(peers, case, mode, ref, reps, rounds, n_sets, log) -> list:
     import timing  # noqa: PLC0415
     results, ready = {}, {}
     for peer in peers:
-        checked = check_cell_of(peer, case, mode, ref)
+        checked = make_and_check(peer, case, mode, ref)
         if isinstance(checked, R.Result):
             results[peer.name] = checked
         else:
