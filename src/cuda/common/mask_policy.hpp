@@ -1,7 +1,7 @@
 #pragma once
 // The mask policy of one sequence: which key blocks a query tile visits, which of them need no
 // mask at all, and the mask itself for the others. None, causal and sliding window are the
-// same rule with different bounds (CONTRACT.md, bottom-right aligned):
+// same rule with different bounds (docs/semantics.md, bottom-right aligned):
 //   key j visible to query i  iff  i + o - left <= j <= i + o + right, 0 <= j < Nk, o = Nk - Nq
 // with an unbounded side given as -1. Keeping them one run-time policy (instead of a template
 // parameter) keeps one kernel per (dtype, head dim) TU: the masked iterations are the few

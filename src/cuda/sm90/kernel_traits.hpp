@@ -35,7 +35,8 @@ struct FwdTraits {
   // Consumer warpgroups take turns issuing their GEMMs (fwd_mainloop.hpp) where the softmax is
   // as long as the products; at d256 the products dominate and FA3 finds no gain either.
   // Measured within run-to-run noise on an H200 so far (d64 N=4k 453 -> 442, d128 N=16k
-  // causal 676 -> 676 TFLOP/s; cuDNN moved by 3-5% between the same two runs): src/cuda/sm90/NOTES.md.
+  // causal 676 -> 676 TFLOP/s; cuDNN moved by 3-5% between the same two runs):
+  // docs/design/sm90-kernels.md.
   static constexpr bool kPingPong = kHeadDim <= 128;
 
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
