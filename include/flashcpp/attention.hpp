@@ -1,7 +1,7 @@
 #pragma once
 // Exact attention: forward, backward, and their variable-length (packed) forms.
 //
-// Layouts (see ../shared/design/CONTRACT.md for the full semantics):
+// Layouts (docs/semantics.md has the full semantics: masks, errors, workspace, accuracy):
 //   q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], out [B, Nq, Hq, Dv],
 //   lse [B, Hq, Nq] float32 (natural log of the softmax denominator, scale included).
 // Varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv], cu_seqlens_q/k int32 [B + 1],
