@@ -1,4 +1,4 @@
-"""Benchmark cases, the grids of BENCH.md, and the FLOP and byte counts (pure Python, no torch).
+"""Benchmark cases, the grids of docs/benchmarking.md, and the FLOP and byte counts (no torch).
 
 A `Case` is one attention problem; a *mode* says what is timed on it (`fwd`, `bwd`, `fwd+bwd`).
 The decode grid (KV cache) is a later issue: it will add its own builder to `GRIDS` and its own
@@ -99,9 +99,9 @@ GRIDS: Dict[str, Callable[..., List[Case]]] = {"train": training_grid}
 def attended_pairs(nq: int, nk: int, causal: bool) -> float:
     """(query, key) pairs that are computed, per batch and head.
 
-    BENCH.md: halved for causal with Nq == Nk (the FlashAttention papers' convention, N^2 / 2,
-    not N (N + 1) / 2); otherwise the unmasked pairs of the bottom-right aligned causal mask,
-    where query i sees keys j <= i + Nk - Nq.
+    docs/benchmarking.md: halved for causal with Nq == Nk (the FlashAttention papers'
+    convention, N^2 / 2, not N (N + 1) / 2); otherwise the unmasked pairs of the bottom-right
+    aligned causal mask, where query i sees keys j <= i + Nk - Nq.
     """
     if not causal:
         return float(nq * nk)

@@ -2,7 +2,7 @@
 sequence length, one bar per implementation, TFLOP/s on the bars (FlashAttention-paper style).
 
 Works from CSV rows (dicts with the columns of report.CSV_COLUMNS), so a committed results.csv
-can be re-plotted: `python3 bench/plots.py bench/results/<run>/results.csv`.
+can be re-plotted: `python3 bench/plots.py OUT/results.csv`.
 """
 from __future__ import annotations
 

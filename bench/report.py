@@ -163,8 +163,7 @@ def summary_markdown(results: Sequence[Result], impls: Sequence[str], meta: Dict
     lines = [f"# Side-by-side attention benchmark, {meta.get('date', '')} on {meta.get('device', '')}",
              "",
              "TFLOP/s (higher is better); `flashcpp/X` is X's median time over flashcpp's "
-             "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `shared/BENCH.md`, "
-             "`docs/benchmarking.md`.",
+             "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `docs/benchmarking.md`.",
              "",
              "| | |", "|---|---|"]
     for key in ("device", "driver", "torch", "cuda", "cudnn", "triton", "flashcpp", "sdpa_layout",
@@ -202,7 +201,7 @@ def _run(cmd: List[str]) -> str:
 
 
 def collect_meta() -> Dict[str, object]:
-    """Device, driver, torch / CUDA / cuDNN / Triton versions, date, host (what BENCH.md asks)."""
+    """Device, driver, torch / CUDA / cuDNN / Triton versions, date, host (the protocol's list)."""
     meta: Dict[str, object] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "host": platform.node(), "python": platform.python_version(),

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side attention benchmark: flashcpp against cuDNN, FlashAttention-2, memory-efficient
-(all three through PyTorch SDPA) and FlexAttention, in one process, case by case (shared/BENCH.md).
+(all three through PyTorch SDPA) and FlexAttention, in one process, case by case (the protocol
+of docs/benchmarking.md).
 
   python3 bench/sdpa_compare.py                 # the full training grid, bf16
   python3 bench/sdpa_compare.py --quick         # a reduced grid (~1-2 minutes)
@@ -33,7 +34,7 @@ MIN_REPS = 100
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="flashcpp vs cuDNN / FlashAttention-2 / mem-efficient / FlexAttention, "
-                    "timed side by side (shared/BENCH.md).",
+                    "timed side by side (docs/benchmarking.md).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Sizes take a k suffix (1k = 1024). See docs/benchmarking.md.")
     p.add_argument("--heads-dims", default=None,
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", default=",".join(ALL_IMPLS),
                    help=f"subset of {','.join(ALL_IMPLS)}")
     p.add_argument("--reps", type=int, default=MIN_REPS,
-                   help=f"timed repetitions per cell, median reported (>= {MIN_REPS} per BENCH.md)")
+                   help=f"timed repetitions per cell, median reported (>= {MIN_REPS}; "
+                        "docs/benchmarking.md)")
     p.add_argument("--rounds", type=int, default=2,
                    help="timing rounds per cell, the implementations' order rotating each round "
                         "(--reps calls per round; the median is over all of them)")
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="output folder (default bench/results/<date>-<device>/)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
-    d = p.add_argument_group("driver mode (for profilers: scripts/profile.py)")
+    d = p.add_argument_group("driver mode (for profilers: dev/profile.py)")
     d.add_argument("--driver", action="store_true",
                    help="run one cell (one impl, D, N, causal on/off, mode) --driver-iters times "
                         "between cudaProfilerStart/Stop after a warm-up; no check, no files")
@@ -302,7 +304,8 @@ def main(argv=None) -> int:
     if a.driver:
         return run_driver(a)
     if a.reps < MIN_REPS:
-        print(f"warning: --reps {a.reps} is below the {MIN_REPS} of BENCH.md", file=sys.stderr)
+        print(f"warning: --reps {a.reps} is below the {MIN_REPS} of docs/benchmarking.md",
+              file=sys.stderr)
 
     meta = R.collect_meta()
     device = str(meta.get("device", "unknown"))
