@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="output folder (default bench/results/<date>-<device>/)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
-    d = p.add_argument_group("driver mode (for profilers: scripts/profile.py)")
+    d = p.add_argument_group("driver mode (for profilers: dev/profile.py)")
     d.add_argument("--driver", action="store_true",
                    help="run one cell (one impl, D, N, causal on/off, mode) --driver-iters times "
                         "between cudaProfilerStart/Stop after a warm-up; no check, no files")
