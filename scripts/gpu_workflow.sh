@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU workflow, the same every session: build every kernel, run the GPU tests, the
-# sanitizers, the Python tests, the side-by-side benchmark and the teaching ladder.
+# sanitizers, the Python tests, the side-by-side benchmark and the teaching ladder (tutorial/).
 #
 #   scripts/gpu_workflow.sh OUT_DIR [STAGE ...]
 #   stages: build test sanitize python bench ladder   (default: all, in that order)
@@ -38,7 +38,8 @@ run_stage() {  # run_stage NAME COMMAND...: log, time and record the result of o
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCPP_CUDA=ON \
-    -DFLASHCPP_BUILD_PYTHON=ON -DFLASHCPP_PTXAS_VERBOSE=ON -DPython_EXECUTABLE="$(command -v "$python")" &&
+    -DFLASHCPP_BUILD_PYTHON=ON -DFLASHCPP_BUILD_TUTORIAL=ON -DFLASHCPP_PTXAS_VERBOSE=ON \
+    -DPython_EXECUTABLE="$(command -v "$python")" &&
     cmake --build "$build" -j "$(nproc)" | tee "$out/logs/build-output.log"
   local rc=${PIPESTATUS[0]}
   # the resource report (registers, shared memory, stack frame, spills) of every kernel
@@ -69,8 +70,8 @@ stage_bench() {
 }
 
 stage_ladder() {
-  PYTHONPATH="$root/$build/python" "$python" bench/ladder/ladder_compare.py \
-    --ladder-bin "$build/src/cuda/ladder/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
+  PYTHONPATH="$root/$build/python" "$python" tutorial/bench/ladder_compare.py \
+    --ladder-bin "$build/tutorial/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
     --out "$out/ladder"
 }
 

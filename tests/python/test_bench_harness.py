@@ -1,5 +1,5 @@
 """The GPU-free parts of the side-by-side benchmark (bench/sdpa_compare.py and its modules) and
-of the profiling helper (scripts/profile.py): FLOP and byte counts, the grid, argument parsing,
+of the profiling helper (dev/profile.py): FLOP and byte counts, the grid, argument parsing,
 CSV / table / summary writing, plots, ncu CSV parsing. What needs torch and a GPU is skipped."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import timing as T  # noqa: E402
 
 def _load_profile_script():
     spec = importlib.util.spec_from_file_location("flashcpp_profile_script",
-                                                  os.path.join(ROOT, "scripts", "profile.py"))
+                                                  os.path.join(ROOT, "dev", "profile.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -205,7 +205,7 @@ def test_help_runs_without_torch():
     res = subprocess.run([sys.executable, os.path.join(BENCH, "sdpa_compare.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--heads-dims" in res.stdout and "--quick" in res.stdout
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "profile.py"), "--help"],
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "profile.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--kernel" in res.stdout
 

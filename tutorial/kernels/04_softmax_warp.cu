@@ -9,9 +9,9 @@
 // caches); step 3 reads it once.
 #include <cmath>
 
-#include "cuda/ladder/block_reduce.cuh"
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/block_reduce.cuh"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

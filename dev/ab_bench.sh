@@ -3,7 +3,7 @@
 # patch applied ("new"). Both are built the same way, "new" runs its tests (and racecheck), then
 # the two are benchmarked in alternating order so that clock and power drift fall on both sides.
 #
-#   scripts/ab_bench.sh OUT_DIR PATCH [sdpa_compare.py args ...]
+#   dev/ab_bench.sh OUT_DIR PATCH [sdpa_compare.py args ...]
 #
 # To compare the tree against an older revision instead, make the patch here with
 #   git diff BASE_REV -- src > build/devstage/ab.patch
@@ -19,8 +19,8 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-out="${1:?usage: scripts/ab_bench.sh OUT_DIR PATCH [sdpa_compare args]}"
-patch_file="$(realpath "${2:?usage: scripts/ab_bench.sh OUT_DIR PATCH [sdpa_compare args]}")"
+out="${1:?usage: dev/ab_bench.sh OUT_DIR PATCH [sdpa_compare args]}"
+patch_file="$(realpath "${2:?usage: dev/ab_bench.sh OUT_DIR PATCH [sdpa_compare args]}")"
 shift 2
 bench_args=("$@")
 ((${#bench_args[@]})) || bench_args=(--modes bwd --heads-dims 64,128 --seqlens 2k,8k --impls flashcpp,cudnn)

@@ -1,4 +1,4 @@
-// flashcpp-ladder: times every step of the teaching ladder (docs/ladder.md) on fixed problems
+// flashcpp-ladder: times every step of the teaching ladder (tutorial/README.md) on fixed problems
 // and prints, per step, the median time, the throughput and the speed-up over the previous
 // step. Every kernel's output is first checked against a float64 CPU computation (sampled
 // rows or entries on the big problems); a mismatch stops the program with exit code 1.
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/ladder/attention_reference.hpp"
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/attention_reference.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace ladder = flashcpp::ladder;
 using ladder::check_cuda;

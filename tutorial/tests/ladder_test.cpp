@@ -1,10 +1,6 @@
-// Tests of the teaching-ladder kernels (src/cuda/ladder) against float64 CPU computations, on
+// Tests of the teaching-ladder kernels (tutorial/kernels) against float64 CPU computations, on
 // fresh random inputs of awkward sizes, with every output poisoned with NaN first.
-//
-// Compiled only when the test binary links flashcpp_ladder (FLASHCPP_TEST_WITH_LADDER);
 // GPU cases skip when no CUDA device is present.
-#ifdef FLASHCPP_TEST_WITH_LADDER
-
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/ladder/attention_reference.hpp"
-#include "cuda/ladder/ladder.hpp"
 #include "flashcpp/error.hpp"
+#include "kernels/attention_reference.hpp"
+#include "kernels/ladder.hpp"
 
 namespace {
 
@@ -245,5 +241,3 @@ TEST(LadderAttention, RejectsUnsupportedHeadDim) {
 }
 
 }  // namespace
-
-#endif  // FLASHCPP_TEST_WITH_LADDER

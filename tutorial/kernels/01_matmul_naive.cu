@@ -6,8 +6,8 @@
 // elements (one coalesced 128-byte line) per step of k. That is the whole of its
 // optimisation: every product needs two loads, so the kernel waits on memory and caches
 // rather than on arithmetic. 02_matmul_tiled.cu fixes that.
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

@@ -35,8 +35,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

@@ -19,9 +19,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/ladder/block_reduce.cuh"
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/block_reduce.cuh"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

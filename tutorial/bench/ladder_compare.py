@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the teaching ladder (flashcpp-ladder) and times its PyTorch peers in the same run.
 
-    python3 bench/ladder/ladder_compare.py --ladder-bin build/ladder/src/cuda/ladder/flashcpp-ladder \
+    python3 tutorial/bench/ladder_compare.py --ladder-bin build/ladder/tutorial/flashcpp-ladder \
         --out bench/results/<date>-<device>-ladder
 
 Steps come from the C++ binary's CSV; the peers are timed here, on the same GPU and shapes:

@@ -23,8 +23,8 @@
 // bands (tx*4 and 64 + tx*4) rather than one contiguous 8 x 8 square: then the 16 threads
 // of a half-warp read 16 consecutive float4 of a B row, which shared memory serves without
 // conflicts.
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

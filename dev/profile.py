@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Nsight Compute on one kernel of one benchmark case, and a short table of what matters.
 
-  scripts/profile.py --kernel 'regex:flash' --impl flashcpp --D 128 --N 4096 --causal
-  scripts/profile.py --kernel 'regex:cudnn|sm90' --impl cudnn --D 128 --N 4096 --mode bwd
+  dev/profile.py --kernel 'regex:flash' --impl flashcpp --D 128 --N 4096 --causal
+  dev/profile.py --kernel 'regex:cudnn|sm90' --impl cudnn --D 128 --N 4096 --mode bwd
 
 Runs `ncu --clock-control none --profile-from-start off -k <kernel>` on the driver mode of
 bench/sdpa_compare.py, which runs the case a few times between cudaProfilerStart/Stop after a

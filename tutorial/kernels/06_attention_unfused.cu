@@ -16,8 +16,8 @@
 // when causal; skipping masked tiles is one of the things the fused kernel gets for free.
 #include <cmath>
 
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

@@ -11,8 +11,8 @@
 // reductions; step 2 removes most of the barriers, step 3 the extra reads.
 #include <cmath>
 
-#include "cuda/ladder/check.hpp"
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/check.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "cuda/ladder/ladder.hpp"
+#include "kernels/ladder.hpp"
 
 namespace flashcpp::ladder {
 
