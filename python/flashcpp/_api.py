@@ -1,6 +1,6 @@
 """Framework-neutral entry points: NumPy, PyTorch, CuPy, anything with DLPack.
 
-Layouts follow the contract (shared/design/CONTRACT.md):
+Layouts follow docs/semantics.md:
 q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], out [B, Nq, Hq, Dv],
 lse [B, Hq, Nq] float32; varlen: q [total_q, Hq, D], cu_seqlens int32 [B + 1], lse [Hq, total_q].
 Any strides work as long as the last dimension is contiguous.

@@ -1,4 +1,4 @@
-"""A float64 NumPy oracle for the tests, written from the contract (shared/design/CONTRACT.md).
+"""A float64 NumPy oracle for the tests, written from docs/semantics.md.
 
 It materialises S and P per (batch, head), independent of flashcpp's own C++ reference, so the
 tests compare two implementations written separately.
