@@ -13,16 +13,13 @@ attention backend in flashcpp.transformers. See docs/python.md.
 
 from ._C import __version__, built_with_cuda
 from ._api import (
-    Error,
-    RunInfo,
     attention,
     attention_backward,
     attention_varlen,
     attention_varlen_backward,
-    cuda_available,
-    last_run_info,
     select_backend,
 )
+from ._native import Error, RunInfo, cuda_available, last_run_info
 
 __all__ = [
     "Error",

@@ -1,6 +1,6 @@
 """Framework-neutral entry points: NumPy, PyTorch, CuPy, anything with DLPack.
 
-Layouts follow the contract (shared/design/CONTRACT.md):
+Layouts follow docs/semantics.md:
 q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], out [B, Nq, Hq, Dv],
 lse [B, Hq, Nq] float32; varlen: q [total_q, Hq, D], cu_seqlens int32 [B + 1], lse [Hq, total_q].
 Any strides work as long as the last dimension is contiguous.
@@ -8,103 +8,39 @@ Any strides work as long as the last dimension is contiguous.
 
 from __future__ import annotations
 
-import threading
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import _C
+from . import _native
 from ._frameworks import framework_of, order_after_producers, shape_of, stream_handle
 
-Error = _C.Error
+
+def _autograd_ops(q, k, v, out, lse_out, stream, num_splits):
+    """flashcpp.torch where q's framework hands the call to its custom ops (PyTorch tensors
+    that need autograd, or under torch.compile), else None."""
+    ops = framework_of(q).autograd_ops(q, k, v)
+    if ops is not None and (out is not None or lse_out is not None or stream is not None
+                            or num_splits):
+        raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
+                         "autograd or torch.compile (they go through flashcpp.torch's "
+                         "custom ops)")
+    return ops
 
 
-class RunInfo(NamedTuple):
-    """What the last call ran: backend ("cpu", "cuda_sm90", ...), kernel name, KV splits."""
+def _workspace_allocator(fw, like, stream):
+    """Allocates a CUDA call's scratch memory with the caller's framework (None on the host).
 
-    backend: str
-    kernel: str
-    num_splits: int
-
-
-_last = threading.local()
-
-
-def last_run_info() -> Optional[RunInfo]:
-    """The RunInfo of the last flashcpp call made by this thread (None before any call).
-
-    Under CUDA graph replay nothing runs on the host, so this keeps the value of the capture.
-    """
-    return getattr(_last, "info", None)
-
-
-def _record(info: Tuple[str, str, int]) -> RunInfo:
-    run = RunInfo(*info)
-    _last.info = run
-    return run
-
-
-def cuda_available() -> bool:
-    """True when flashcpp was built with CUDA and a usable GPU is present."""
-    return bool(_C.cuda_available())
-
-
-def options_kwargs(
-    causal: bool = False,
-    softmax_scale: Optional[float] = None,
-    window: Tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    backend: str = "auto",
-    num_splits: int = 0,
-    deterministic: bool = False,
-) -> dict:
-    """Checks the Python types of the options and returns the native module's keywords."""
-    try:
-        window_left, window_right = window
-    except (TypeError, ValueError):
-        raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
-    if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    return dict(
-        causal=bool(causal),
-        softmax_scale=None if softmax_scale is None else float(softmax_scale),
-        window_left=int(window_left),
-        window_right=int(window_right),
-        softcap=float(softcap),
-        backend=backend,
-        num_splits=int(num_splits),
-        deterministic=bool(deterministic),
-    )
-
-
-def _wants_autograd(q, k, v) -> bool:
-    """PyTorch tensors that need autograd, or that torch.compile is tracing, take the custom
-    ops of flashcpp.torch (a direct native call would be a graph break)."""
-    fw = framework_of(q)
-    if fw.name != "torch":
-        return False
-    torch = fw.torch
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-
-
-def _workspace(fw, like, forward: bool, q, k, v, varlen, stream, kwargs):
-    """Scratch memory for a CUDA call, allocated with the caller's framework (None if unneeded).
-
-    varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or Nones and zeros.
     stream: the stream the call runs on when the caller named one (else None): the workspace is
     allocated on it, so the framework's caching allocator does not hand the memory to other
     work while the kernel may still be reading it.
     """
     if not fw.is_cuda(like):
         return None
-    query = _C.forward_workspace_size if forward else _C.backward_workspace_size
-    cu_q, cu_k, max_q, max_k = varlen
-    nbytes = query(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(max_q),
-                   max_seqlen_k=int(max_k), **kwargs)
-    if not nbytes:
-        return None
-    with fw.stream_scope(like, stream):
-        return fw.empty(like, (nbytes,), "uint8")
+
+    def allocate(nbytes):
+        with fw.stream_scope(like, stream):
+            return fw.empty(like, (nbytes,), "uint8")
+
+    return allocate
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
@@ -125,12 +61,9 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)
         order_after_producers(dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                    cu_seqlens_k=cu_seqlens_k, out=out, lse_out=lse_out), handle)
-        varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        workspace = _workspace(fw, q, True, q, k, v, varlen,
-                               None if stream is None else handle, kwargs)
-        _record(_C.forward(q, k, v, out, lse_out, cu_seqlens_q, cu_seqlens_k,
-                           int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
-                           workspace=workspace))
+        _native.forward(q, k, v, out, lse_out,
+                        (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
+                        handle, _workspace_allocator(fw, q, None if stream is None else handle))
     return (out, lse_out) if return_lse else out
 
 
@@ -150,17 +83,11 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     PyTorch tensors that require grad, or under torch.compile, go through flashcpp.torch's
     custom ops (autograd, no graph break).
     """
-    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
-    if _wants_autograd(q, k, v):
-        if out is not None or lse_out is not None or stream is not None or num_splits:
-            raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
-                             "autograd or torch.compile (they go through flashcpp.torch's "
-                             "custom ops)")
-        from . import torch as flashcpp_torch
-
-        return flashcpp_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                        window=window, softcap=softcap, return_lse=return_lse,
-                                        backend=backend)
+    kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
+    ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
+    if ops is not None:
+        return ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
+                             softcap=softcap, return_lse=return_lse, backend=backend)
     return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs)
 
 
@@ -175,15 +102,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     q) and the matching rows of k and v; max_seqlen_* bound the lengths. lse is [Hq, total_q].
     Masks are per sequence, bottom-right aligned. Other arguments as in attention().
     """
-    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, num_splits)
-    if _wants_autograd(q, k, v):
-        if out is not None or lse_out is not None or stream is not None or num_splits:
-            raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
-                             "autograd or torch.compile (they go through flashcpp.torch's "
-                             "custom ops)")
-        from . import torch as flashcpp_torch
-
-        return flashcpp_torch.attention_varlen(
+    kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
+    ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
+    if ops is not None:
+        return ops.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
             softmax_scale=softmax_scale, window=window, softcap=softcap, return_lse=return_lse,
             backend=backend)
@@ -207,12 +129,9 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         order_after_producers(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, dq=dq,
                                    dk=dk, dv=dv), handle)
-        varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        workspace = _workspace(fw, q, False, q, k, v, varlen,
-                               None if stream is None else handle, kwargs)
-        _record(_C.backward(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                            int(max_seqlen_q), int(max_seqlen_k), **kwargs, stream=handle,
-                            workspace=workspace))
+        _native.backward(dout, q, k, v, out, lse, dq, dk, dv,
+                         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
+                         handle, _workspace_allocator(fw, q, None if stream is None else handle))
     return dq, dk, dv
 
 
@@ -225,7 +144,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal: bool = False,
     The options must be those of the forward call. dk and dv of a KV head sum over the query
     heads that share it. deterministic: bitwise-identical results run to run.
     """
-    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, 0, deterministic)
+    kwargs = _native.options(causal, softmax_scale, window, softcap, backend, 0, deterministic)
     return _backward(dout, q, k, v, out, lse, None, None, 0, 0, stream, dq, dk, dv, kwargs)
 
 
@@ -239,7 +158,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     """Gradients (dq, dk, dv) of attention_varlen(); lse is [Hq, total_q]."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise TypeError("cu_seqlens_q and cu_seqlens_k: expected int32 arrays, got None")
-    kwargs = options_kwargs(causal, softmax_scale, window, softcap, backend, 0, deterministic)
+    kwargs = _native.options(causal, softmax_scale, window, softcap, backend, 0, deterministic)
     return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, stream, dq, dk, dv, kwargs)
 
@@ -247,6 +166,6 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
 def select_backend(q, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
                    softcap: float = 0.0, backend: str = "auto") -> str:
     """The backend a forward call with q and these options would run on (no work is done)."""
-    kwargs = options_kwargs(causal, None, window, softcap, backend)
+    kwargs = _native.options(causal, None, window, softcap, backend)
     fw = framework_of(q)
-    return _C.select_backend(fw.prepare(q), **kwargs)
+    return _native.select_backend(fw.prepare(q), kwargs)

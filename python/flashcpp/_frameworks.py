@@ -71,6 +71,11 @@ class Framework:
         allocator is stream-ordered; None keeps the current stream."""
         return contextlib.nullcontext()
 
+    def autograd_ops(self, q: Any, k: Any, v: Any) -> Any:
+        """The module whose functions take the call over where a direct native call cannot
+        serve it (autograd, a tracing compiler), else None."""
+        return None
+
 
 class NumpyFramework(Framework):
     name = "numpy"
@@ -116,6 +121,18 @@ class TorchFramework(Framework):
         if stream is None or not like.is_cuda:
             return contextlib.nullcontext()
         return self.torch.cuda.stream(self.torch.cuda.ExternalStream(stream, device=like.device))
+
+    def autograd_ops(self, q, k, v):
+        # Tensors that need autograd, or that torch.compile is tracing, take the custom ops of
+        # flashcpp.torch (a direct native call would be a graph break). torch is imported
+        # already: q is one of its tensors.
+        torch = self.torch
+        if torch.compiler.is_compiling() or (
+                torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+            from . import torch as flashcpp_torch  # noqa: PLC0415
+
+            return flashcpp_torch
+        return None
 
 
 class CupyFramework(Framework):

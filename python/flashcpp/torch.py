@@ -14,13 +14,14 @@ Gradients flow to q, k and v; the returned lse is not differentiable.
 """
 
 import contextlib
+import functools
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import _C
-from ._api import Error, _record, options_kwargs
+from . import _native
+from ._native import Error
 
 __all__ = ["attention", "attention_varlen", "sdpa"]
 
@@ -63,37 +64,31 @@ def _device_guard(t: Tensor):
     return contextlib.nullcontext()
 
 
-def _options(causal, softmax_scale, window_left, window_right, softcap, backend,
-             deterministic=False) -> dict:
-    return dict(causal=causal, softmax_scale=softmax_scale, window_left=window_left,
-                window_right=window_right, softcap=softcap, backend=backend, num_splits=0,
-                deterministic=deterministic)
-
-
-def _launch(native, workspace_query, q, k, v, *tensors, options, **varlen):
-    """Runs a native entry point on the caller's current stream with a torch-owned workspace.
-
-    varlen: cu_seqlens_q/k and max_seqlen_q/k as keywords (none for padded calls)."""
+def _launch(run, q: Tensor, tensors: Tuple[Tensor, ...], varlen, options: dict) -> None:
+    """_native.forward or _native.backward (run) with `tensors`, on q's device and its current
+    stream, with a torch-owned workspace; varlen and options as there."""
     with _device_guard(q):
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-        workspace = None
-        if q.is_cuda:
-            nbytes = workspace_query(q, k, v, **varlen, **options)
-            if nbytes:
-                workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-        _record(native(*tensors, **varlen, **options, stream=stream, workspace=workspace))
+        allocate = (functools.partial(torch.empty, dtype=torch.uint8, device=q.device)
+                    if q.is_cuda else None)
+        run(*tensors, varlen, options, stream, allocate)
 
 
 # ---- forward ops --------------------------------------------------------------------------
+def _run_forward(q, k, v, varlen, options) -> Tuple[Tensor, Tensor]:
+    q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
+    out, lse = _forward_outputs(q, v, varlen=varlen[0] is not None)  # cu_seqlens_q given
+    _launch(_native.forward, q, (q, k, v, out, lse), varlen, options)
+    return out, lse
+
+
 @torch.library.custom_op("flashcpp::attention_fwd", mutates_args=())
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                    softmax_scale: Optional[float], window_left: int, window_right: int,
                    softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
-    q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
-    out, lse = _forward_outputs(q, v, varlen=False)
-    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend)
-    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, options=options)
-    return out, lse
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend)
+    return _run_forward(q, k, v, _native.PADDED, options)
 
 
 @_attention_fwd.register_fake
@@ -108,13 +103,10 @@ def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                           causal: bool, softmax_scale: Optional[float], window_left: int,
                           window_right: int, softcap: float,
                           backend: str) -> Tuple[Tensor, Tensor]:
-    q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
-    out, lse = _forward_outputs(q, v, varlen=True)
-    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend)
-    _launch(_C.forward, _C.forward_workspace_size, q, k, v, q, k, v, out, lse, options=options,
-            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k)
-    return out, lse
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend)
+    return _run_forward(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                        options)
 
 
 @_attention_varlen_fwd.register_fake
@@ -130,18 +122,22 @@ def _grad_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tens
     return tuple(torch.empty_like(_last_dim_contiguous(t)) for t in (q, k, v))
 
 
+def _run_backward(dout, q, k, v, out, lse, varlen, options) -> Tuple[Tensor, Tensor, Tensor]:
+    dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
+    dq, dk, dv = _grad_outputs(q, k, v)
+    _launch(_native.backward, q, (dout, q, k, v, out, _export(lse), dq, dk, dv), varlen,
+            options)
+    return dq, dk, dv
+
+
 @torch.library.custom_op("flashcpp::attention_bwd", mutates_args=())
 def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, softmax_scale: Optional[float], window_left: int,
                    window_right: int, softcap: float, backend: str,
                    deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
-    dq, dk, dv = _grad_outputs(q, k, v)
-    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend,
-                       deterministic)
-    _launch(_C.backward, _C.backward_workspace_size, q, k, v, dout, q, k, v, out, _export(lse),
-            dq, dk, dv, options=options)
-    return dq, dk, dv
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend, 0, deterministic)
+    return _run_backward(dout, q, k, v, out, lse, _native.PADDED, options)
 
 
 @_attention_bwd.register_fake
@@ -157,14 +153,10 @@ def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
                           softmax_scale: Optional[float], window_left: int, window_right: int,
                           softcap: float, backend: str,
                           deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
-    dq, dk, dv = _grad_outputs(q, k, v)
-    options = _options(causal, softmax_scale, window_left, window_right, softcap, backend,
-                       deterministic)
-    _launch(_C.backward, _C.backward_workspace_size, q, k, v, dout, q, k, v, out, _export(lse),
-            dq, dk, dv, options=options, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    return dq, dk, dv
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend, 0, deterministic)
+    return _run_backward(dout, q, k, v, out, lse,
+                         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), options)
 
 
 @_attention_varlen_bwd.register_fake
@@ -216,7 +208,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]; causal is bottom-right aligned.
     Returns out [B, Nq, Hq, Dv] (and lse [B, Hq, Nq] float32 when return_lse).
     """
-    o = options_kwargs(causal, softmax_scale, window, softcap, backend)
+    o = _native.options(causal, softmax_scale, window, softcap, backend)
     out, lse = torch.ops.flashcpp.attention_fwd(q, k, v, o["causal"], o["softmax_scale"],
                                                 o["window_left"], o["window_right"],
                                                 o["softcap"], o["backend"])
@@ -229,7 +221,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                      window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      return_lse: bool = False, backend: str = "auto"):
     """flashcpp.attention_varlen for torch tensors, differentiable and torch.compile-able."""
-    o = options_kwargs(causal, softmax_scale, window, softcap, backend)
+    o = _native.options(causal, softmax_scale, window, softcap, backend)
     out, lse = torch.ops.flashcpp.attention_varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), o["causal"],
         o["softmax_scale"], o["window_left"], o["window_right"], o["softcap"], o["backend"])

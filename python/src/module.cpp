@@ -189,6 +189,29 @@ const TensorView* optional_view(nb::handle obj, const char* name, bool writable,
   return &storage;
 }
 
+// cu_seqlens_q and cu_seqlens_k: both for a varlen call, neither for a padded one.
+class CuSeqlens {
+ public:
+  CuSeqlens(nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, Imports& keep)
+      : q_(optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, q_storage_)),
+        k_(optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, k_storage_)) {}
+  CuSeqlens(const CuSeqlens&) = delete;  // q_ and k_ point into this object
+  CuSeqlens& operator=(const CuSeqlens&) = delete;
+
+  bool varlen() const {
+    if ((q_ == nullptr) != (k_ == nullptr))
+      throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
+    return q_ != nullptr;
+  }
+  const TensorView& q() const { return *q_; }
+  const TensorView& k() const { return *k_; }
+
+ private:
+  TensorView q_storage_, k_storage_;
+  const TensorView* q_;
+  const TensorView* k_;
+};
+
 Backend parse_backend(const std::string& name) {
   if (name == "auto" || name == "automatic") return Backend::automatic;
   if (name == "cpu") return Backend::cpu;
@@ -252,22 +275,16 @@ RunInfoTuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
   const TensorView kv = view_of(k, "k", false, keep);
   const TensorView vv = view_of(v, "v", false, keep);
   const TensorView ov = view_of(out, "out", true, keep);
-  TensorView lse_storage, cu_q_storage, cu_k_storage;
+  TensorView lse_storage;
   const TensorView* lv = optional_view(lse, "lse", true, keep, lse_storage);
-  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
-  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
+  const CuSeqlens cu(cu_seqlens_q, cu_seqlens_k, keep);
   const flashcpp::Workspace ws = workspace_of(workspace, keep);
   flashcpp::RunInfo info;
   {
     nb::gil_scoped_release release;
-    if (cu_q == nullptr && cu_k == nullptr) {
-      info = flashcpp::forward(qv, kv, vv, ov, lv, options, stream_of(stream), ws);
-    } else {
-      if (cu_q == nullptr || cu_k == nullptr)
-        throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
-      info = flashcpp::forward_varlen(qv, kv, vv, ov, lv, *cu_q, *cu_k, max_seqlen_q,
-                                      max_seqlen_k, options, stream_of(stream), ws);
-    }
+    info = cu.varlen() ? flashcpp::forward_varlen(qv, kv, vv, ov, lv, cu.q(), cu.k(), max_seqlen_q,
+                                                  max_seqlen_k, options, stream_of(stream), ws)
+                       : flashcpp::forward(qv, kv, vv, ov, lv, options, stream_of(stream), ws);
   }
   return to_tuple(info);
 }
@@ -291,23 +308,17 @@ RunInfoTuple backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
   const TensorView dqv = view_of(dq, "dq", true, keep);
   const TensorView dkv = view_of(dk, "dk", true, keep);
   const TensorView dvv = view_of(dv, "dv", true, keep);
-  TensorView cu_q_storage, cu_k_storage;
-  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
-  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
+  const CuSeqlens cu(cu_seqlens_q, cu_seqlens_k, keep);
   const flashcpp::Workspace ws = workspace_of(workspace, keep);
   flashcpp::RunInfo info;
   {
     nb::gil_scoped_release release;
-    if (cu_q == nullptr && cu_k == nullptr) {
-      info = flashcpp::backward(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, options,
-                                stream_of(stream), ws);
-    } else {
-      if (cu_q == nullptr || cu_k == nullptr)
-        throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
-      info = flashcpp::backward_varlen(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, *cu_q, *cu_k,
-                                       max_seqlen_q, max_seqlen_k, options, stream_of(stream),
-                                       ws);
-    }
+    info = cu.varlen()
+               ? flashcpp::backward_varlen(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, cu.q(), cu.k(),
+                                           max_seqlen_q, max_seqlen_k, options,
+                                           stream_of(stream), ws)
+               : flashcpp::backward(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, options,
+                                    stream_of(stream), ws);
   }
   return to_tuple(info);
 }
@@ -324,18 +335,14 @@ std::size_t workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle 
   const TensorView qv = view_of(q, "q", false, keep);
   const TensorView kv = view_of(k, "k", false, keep);
   const TensorView vv = view_of(v, "v", false, keep);
-  TensorView cu_q_storage, cu_k_storage;
-  const TensorView* cu_q = optional_view(cu_seqlens_q, "cu_seqlens_q", false, keep, cu_q_storage);
-  const TensorView* cu_k = optional_view(cu_seqlens_k, "cu_seqlens_k", false, keep, cu_k_storage);
-  if (cu_q == nullptr && cu_k == nullptr)
+  const CuSeqlens cu(cu_seqlens_q, cu_seqlens_k, keep);
+  if (!cu.varlen())
     return for_backward ? flashcpp::backward_workspace_size(qv, kv, vv, options)
                         : flashcpp::forward_workspace_size(qv, kv, vv, options);
-  if (cu_q == nullptr || cu_k == nullptr)
-    throw flashcpp::Error("cu_seqlens_q and cu_seqlens_k must be given together");
   return for_backward
-             ? flashcpp::backward_varlen_workspace_size(qv, kv, vv, *cu_q, *cu_k, max_seqlen_q,
+             ? flashcpp::backward_varlen_workspace_size(qv, kv, vv, cu.q(), cu.k(), max_seqlen_q,
                                                         max_seqlen_k, options)
-             : flashcpp::forward_varlen_workspace_size(qv, kv, vv, *cu_q, *cu_k, max_seqlen_q,
+             : flashcpp::forward_varlen_workspace_size(qv, kv, vv, cu.q(), cu.k(), max_seqlen_q,
                                                        max_seqlen_k, options);
 }
 

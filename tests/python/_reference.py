@@ -1,4 +1,4 @@
-"""A float64 NumPy oracle for the tests, written from the contract (shared/design/CONTRACT.md).
+"""A float64 NumPy oracle for the tests, written from docs/semantics.md.
 
 It materialises S and P per (batch, head), independent of flashcpp's own C++ reference, so the
 tests compare two implementations written separately.
@@ -24,11 +24,21 @@ def visible(nq: int, nk: int, causal: bool, window=(-1, -1)) -> np.ndarray:
     return mask
 
 
-def _scores(q, k, scale, softcap):
-    # q [Nq, D], k [Nk, D] -> raw scale * q k^T and the capped scores
+def _softmax(q, k, mask, scale, softcap):
+    """q [Nq, D], k [Nk, D] -> the raw scores x = scale * q k^T, P (softmax of the capped,
+    masked scores; all zero in a row without a visible key) and each row's lse (-inf there)."""
     x = scale * (q @ k.T)
     s = softcap * np.tanh(x / softcap) if softcap > 0 else x
-    return x, s
+    s = np.where(mask, s, -np.inf)
+    row_max = s.max(axis=1, initial=-np.inf, keepdims=True)
+    safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    p = np.exp(s - safe_max)
+    denom = p.sum(axis=1, keepdims=True)
+    lse = np.full(len(p), -np.inf)
+    has_key = denom[:, 0] > 0
+    lse[has_key] = np.log(denom[has_key, 0]) + safe_max[has_key, 0]
+    p = np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
+    return x, p, lse
 
 
 def forward(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
@@ -39,19 +49,11 @@ def forward(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     mask = visible(nq, nk, causal, window)
     out = np.zeros((b, nq, hq, dv))
-    lse = np.full((b, hq, nq), -np.inf)
+    lse = np.empty((b, hq, nq))
     for bi in range(b):
         for h in range(hq):
             g = h // (hq // hkv)
-            _, s = _scores(q[bi, :, h], k[bi, :, g], scale, softcap)
-            s = np.where(mask, s, -np.inf)
-            row_max = s.max(axis=1, initial=-np.inf, keepdims=True)
-            safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
-            p = np.exp(s - safe_max)
-            denom = p.sum(axis=1, keepdims=True)
-            has_key = denom[:, 0] > 0
-            lse[bi, h, has_key] = np.log(denom[has_key, 0]) + safe_max[has_key, 0]
-            p = np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
+            _, p, lse[bi, h] = _softmax(q[bi, :, h], k[bi, :, g], mask, scale, softcap)
             out[bi, :, h] = p @ v[bi, :, g]
     return out, lse
 
@@ -67,12 +69,7 @@ def backward(dout, q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=No
     for bi in range(b):
         for h in range(hq):
             g = h // (hq // hkv)
-            x, s = _scores(q[bi, :, h], k[bi, :, g], scale, softcap)
-            s = np.where(mask, s, -np.inf)
-            row_max = s.max(axis=1, initial=-np.inf, keepdims=True)
-            p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0))
-            denom = p.sum(axis=1, keepdims=True)
-            p = np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
+            x, p, _ = _softmax(q[bi, :, h], k[bi, :, g], mask, scale, softcap)
             do = dout[bi, :, h]
             dv[bi, :, g] += p.T @ do
             dp = do @ v[bi, :, g].T

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flashcpp
-from flashcpp import _api, _frameworks
+from flashcpp import _frameworks, _native
 
 ABSENT = object()
 
@@ -58,7 +58,7 @@ class FakeNative:
 @pytest.fixture
 def log(monkeypatch):
     events = []
-    monkeypatch.setattr(_api, "_C", FakeNative(events))
+    monkeypatch.setattr(_native, "_C", FakeNative(events))
     monkeypatch.setattr(_frameworks, "stream_waiter",
                         lambda launch, producer, pointer: events.append(
                             ("wait", launch, producer, pointer)))

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import flashcpp  # noqa: E402
-import flashcpp.torch as flashcpp_torch  # noqa: E402
+from flashcpp import _native  # noqa: E402
 import flashcpp.transformers  # noqa: E402,F401  registers "flashcpp"
 
 CUDA = torch.cuda.is_available() and flashcpp.cuda_available()
@@ -115,7 +115,7 @@ def compiled_training_grads(model, ids, backend, monkeypatch):
     """Parameter gradients of a step compiled with fullgraph=True (a graph break raises), and
     the RunInfo of every flashcpp call its backward made.
 
-    The calls are collected by wrapping flashcpp.torch's _record, not read from
+    The calls are collected by wrapping flashcpp._native._record, not read from
     last_run_info(): that is per thread, and autograd runs CUDA backward ops on a thread of its
     own."""
     runs = []
@@ -124,8 +124,8 @@ def compiled_training_grads(model, ids, backend, monkeypatch):
         runs.append(original(info))
         return runs[-1]
 
-    original = flashcpp_torch._record
-    monkeypatch.setattr(flashcpp_torch, "_record", record)
+    original = _native._record
+    monkeypatch.setattr(_native, "_record", record)
     torch._dynamo.reset()
     model.train()
     model.zero_grad(set_to_none=True)

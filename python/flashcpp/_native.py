@@ -1,0 +1,116 @@
+"""The one path to the native module flashcpp._C, shared by the framework-neutral API (_api)
+and the PyTorch custom ops (torch): options, workspace, launch, and the RunInfo it returns.
+
+It knows no framework: its callers pick the device, the stream and how to allocate the
+workspace, so this module imports nothing but the extension module and the standard library.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+from . import _C
+
+Error = _C.Error
+
+
+class RunInfo(NamedTuple):
+    """What the last call ran: backend ("cpu", "cuda_sm90", ...), kernel name, KV splits."""
+
+    backend: str
+    kernel: str
+    num_splits: int
+
+
+_last = threading.local()
+
+
+def last_run_info() -> Optional[RunInfo]:
+    """The RunInfo of the last flashcpp call made by this thread (None before any call).
+
+    Under CUDA graph replay nothing runs on the host, so this keeps the value of the capture.
+    """
+    return getattr(_last, "info", None)
+
+
+def _record(info: Tuple[str, str, int]) -> RunInfo:
+    run = RunInfo(*info)
+    _last.info = run
+    return run
+
+
+def cuda_available() -> bool:
+    """True when flashcpp was built with CUDA and a usable GPU is present."""
+    return bool(_C.cuda_available())
+
+
+def options(
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    backend: str = "auto",
+    num_splits: int = 0,
+    deterministic: bool = False,
+) -> dict:
+    """Checks the Python types of the options and returns the native module's keywords."""
+    try:
+        window_left, window_right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    return dict(
+        causal=bool(causal),
+        softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        window_left=int(window_left),
+        window_right=int(window_right),
+        softcap=float(softcap),
+        backend=backend,
+        num_splits=int(num_splits),
+        deterministic=bool(deterministic),
+    )
+
+
+def select_backend(q: Any, options: dict) -> str:
+    """The backend a forward call with q and these options would run on."""
+    return _C.select_backend(q, **options)
+
+
+# (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a padded (not varlen) call.
+PADDED = (None, None, 0, 0)
+
+# The launches below take, after their tensors:
+#   varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), PADDED when not varlen;
+#   options: options()'s keywords; stream: the cudaStream_t to run on (0 on the host);
+#   allocate: nbytes -> a writable buffer on the call's device, made by the caller's framework,
+#     for the scratch memory the call asks for; None on the host, which needs none.
+# The caller makes the call's device current. Each records its RunInfo for last_run_info().
+
+
+def forward(q, k, v, out, lse, varlen: Tuple, options: dict, stream: int,
+            allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+    """Writes out (and lse unless None)."""
+    return _launch(True, (q, k, v, out, lse), q, k, v, varlen, options, stream, allocate)
+
+
+def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, stream: int,
+             allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+    """Writes dq, dk and dv."""
+    return _launch(False, (dout, q, k, v, out, lse, dq, dk, dv), q, k, v, varlen, options,
+                   stream, allocate)
+
+
+def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> RunInfo:
+    cu_q, cu_k, max_q, max_k = varlen
+    shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(max_q),
+                 max_seqlen_k=int(max_k))
+    workspace = None
+    if allocate is not None:
+        query = _C.forward_workspace_size if is_forward else _C.backward_workspace_size
+        nbytes = query(q, k, v, **shape, **options)
+        if nbytes:
+            workspace = allocate(nbytes)
+    native = _C.forward if is_forward else _C.backward
+    return _record(native(*tensors, **shape, **options, stream=stream, workspace=workspace))
