@@ -2,7 +2,7 @@
 """Runs the teaching ladder (flashcpp-ladder) and times its PyTorch peers in the same run.
 
     python3 tutorial/bench/ladder_compare.py --ladder-bin build/ladder/tutorial/flashcpp-ladder \
-        --out bench/results/<date>-<device>-ladder
+        --out ladder-out
 
 Steps come from the C++ binary's CSV; the peers are timed here, on the same GPU and shapes:
   softmax 1024x1024 / 8192x8192 fp32  ->  torch.softmax
