@@ -43,9 +43,8 @@ std::size_t workspace_size(const detail::ForwardTensors& known, const AttentionO
   if (family == Backend::cpu || family == Backend::cpu_reference) return 0;
 #ifdef FLASHCPP_WITH_CUDA
   const ForwardParams params = workspace_problem(known, options, family);
-  if (for_backward) return detail::cuda::backward_workspace_size(params, family);
-  return detail::cuda::forward_workspace_size(
-      params, detail::cuda::choose_forward_backend(params, family));
+  if (for_backward) return detail::cuda::backward_workspace_bytes(params);
+  return detail::cuda::plan_forward(params, family).workspace_bytes;
 #else
   (void)for_backward;
   return 0;
@@ -65,9 +64,9 @@ RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOption
     return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA
-  const Backend backend = detail::cuda::choose_forward_backend(params, family);
-  if (nothing_to_do(params)) return {backend, "none (empty problem)", 1};
-  return detail::cuda::forward(params, backend, stream, workspace);
+  const detail::Plan plan = detail::cuda::plan_forward(params, family);
+  if (nothing_to_do(params)) return {plan.backend, "none (empty problem)", 1};
+  return detail::cuda::run_forward(plan, params, stream, workspace);
 #else
   (void)stream;
   (void)workspace;
@@ -88,7 +87,8 @@ RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOpti
     return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA
-  return detail::cuda::backward(params, family, stream, workspace);
+  return detail::cuda::run_backward(detail::cuda::plan_backward(params, family), params, stream,
+                                    workspace);
 #else
   (void)stream;
   (void)workspace;
@@ -118,7 +118,7 @@ Backend select_backend(const TensorView& q, const AttentionOptions& options) {
   probe.window_left = options.window_left;
   probe.window_right = options.causal ? 0 : options.window_right;
   probe.softcap = options.softcap;
-  return detail::cuda::choose_forward_backend(probe, family);
+  return detail::cuda::plan_forward(probe, family).backend;
 #else
   return family;
 #endif

@@ -1,7 +1,10 @@
 #pragma once
-// Entry points of the CUDA backend, seen by the API layer. Compiled only with FLASHCPP_CUDA.
+// Entry points of the CUDA backend, seen by the API layer: plan a validated call (choose the
+// architecture's kernels, the instantiation, the KV splits and the workspace), then run the
+// plan. Compiled only with FLASHCPP_CUDA.
 #include <cstddef>
 
+#include "api/plan.hpp"
 #include "common/params.hpp"
 #include "flashcpp/attention.hpp"
 
@@ -10,16 +13,18 @@ namespace flashcpp::detail::cuda {
 // Number of usable GPUs (0 when the driver or a device is missing; never throws).
 int device_count();
 
-// `requested` is automatic, cuda_sm80 or cuda_sm90; the dispatcher resolves automatic with the
+// `requested` is automatic, cuda_sm80 or cuda_sm90; the planner resolves automatic with the
 // GPU's architecture and the kernels this build contains, and throws flashcpp::Error when the
 // request cannot run (architecture too old, kernel not built, option not covered).
-Backend choose_forward_backend(const ForwardParams& params, Backend requested);
+Plan plan_forward(const ForwardParams& params, Backend requested);
+RunInfo run_forward(const Plan& plan, const ForwardParams& params, Stream stream,
+                    Workspace workspace);
 
-std::size_t forward_workspace_size(const ForwardParams& params, Backend backend);
-RunInfo forward(const ForwardParams& params, Backend backend, Stream stream, Workspace workspace);
-
-std::size_t backward_workspace_size(const ForwardParams& params, Backend backend);
-RunInfo backward(const BackwardParams& params, Backend backend, Stream stream,
-                 Workspace workspace);
+// The backward's workspace covers the layouts of both backends, so its size needs no plan
+// (the query knows neither the gradients' strides nor, hence, which backend will run).
+std::size_t backward_workspace_bytes(const ForwardParams& params);
+Plan plan_backward(const BackwardParams& params, Backend requested);
+RunInfo run_backward(const Plan& plan, const BackwardParams& params, Stream stream,
+                     Workspace workspace);
 
 }  // namespace flashcpp::detail::cuda

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/bwd_workspace.hpp"
 
 namespace flashcpp::detail::cuda {
 namespace {

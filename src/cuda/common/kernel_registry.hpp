@@ -1,13 +1,22 @@
 #pragma once
 // Lookups over a registry of kernel instantiations (an array of entries with `entry`, `dtype`
 // and `head_dim`, generated per build; an entry without `entry` is the empty-build sentinel),
-// shared by the sm80 and sm90 forward and backward dispatchers.
+// shared by the sm80 and sm90 forward and backward dispatch headers.
 #include <cstddef>
 #include <string>
 
 #include "common/params.hpp"
 
 namespace flashcpp::detail::cuda {
+
+// "fp16", "bf16", "fp32": kernel names and error messages.
+inline const char* dtype_name(ElementType t) {
+  switch (t) {
+    case ElementType::fp16: return "fp16";
+    case ElementType::bf16: return "bf16";
+    default: return "fp32";
+  }
+}
 
 // The smallest instantiation of `dtype` whose head dim covers `head_dim` (smaller head dims
 // run zero-padded on it), or null.

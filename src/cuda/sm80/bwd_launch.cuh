@@ -9,10 +9,10 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/cuda_check.hpp"
-#include "cuda/sm80/bwd_dq_kernel.cuh"
-#include "cuda/sm80/bwd_kernel.cuh"
-#include "cuda/sm80/bwd_prepost.cuh"
-#include "cuda/sm80/bwd_traits.cuh"
+#include "cuda/sm80/bwd_dq_kernel.hpp"
+#include "cuda/sm80/bwd_kernel.hpp"
+#include "cuda/sm80/bwd_prepost.hpp"
+#include "cuda/sm80/bwd_traits.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {

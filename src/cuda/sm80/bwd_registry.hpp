@@ -4,7 +4,7 @@
 // every dtype of FLASHCPP_DTYPES).
 #include <cuda_runtime.h>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 

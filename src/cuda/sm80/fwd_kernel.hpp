@@ -4,11 +4,11 @@
 // math of its own.
 #include <cute/tensor.hpp>
 
-#include "cuda/common/fwd_epilogue.hpp"
+#include "cuda/sm80/fwd_epilogue.hpp"
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/common/softmax.hpp"
-#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/sm80/softmax.hpp"
+#include "cuda/sm80/tile_scheduler.hpp"
 #include "cuda/sm80/fwd_mainloop.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {

@@ -7,10 +7,10 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/combine/fwd_combine.cuh"
+#include "cuda/common/split_kv_combine.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/sm80/fwd_kernel.hpp"
-#include "cuda/sm80/kernel_traits.hpp"
+#include "cuda/sm80/fwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 

@@ -6,10 +6,10 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/common/softmax.hpp"
+#include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/gemm.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {

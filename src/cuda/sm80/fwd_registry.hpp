@@ -4,7 +4,7 @@
 // FLASHCPP_DTYPES x FLASHCPP_HEAD_DIMS; each has a generated TU defining its entry point.
 #include <cuda_runtime.h>
 
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 

@@ -1,9 +1,9 @@
 #pragma once
-// Host side of the sm90a backward seen by the dispatcher (cuda_backend.cu): which
+// Host side of the sm90a backward seen by the planner (cuda_backend.cu): which
 // instantiations this build has, whether a call is covered, and the kernel names reported in
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
-// Not covered (the dispatcher sends these to the sm80 backward): varlen, deterministic, Nq = 0,
+// Not covered (the planner sends these to the sm80 backward): varlen, deterministic, Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
 // base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
@@ -67,7 +67,7 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
 // RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws".
 inline const char* bwd_kernel_name(const BwdKernel& k) {
   const Sm90BwdTile t = sm90_bwd_tile(k.head_dim);
-  return intern_name(std::string("sm90_bwd_") + (k.dtype == ElementType::bf16 ? "bf16" : "fp16") +
+  return intern_name(std::string("sm90_bwd_") + dtype_name(k.dtype) +
                      "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
 }

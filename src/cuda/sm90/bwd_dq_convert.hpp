@@ -17,7 +17,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

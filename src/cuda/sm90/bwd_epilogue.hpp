@@ -14,7 +14,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"

@@ -20,7 +20,7 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/mask_policy.hpp"
-#include "cuda/common/softmax.hpp"
+#include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"

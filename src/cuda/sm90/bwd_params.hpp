@@ -3,7 +3,7 @@
 // folded on the host, workspace pointers) plus the TMA descriptors of Q, dO, K and V built on
 // the host, and those of the dK and dV stores (a __grid_constant__ parameter, so the
 // descriptors live where TMA can read them).
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

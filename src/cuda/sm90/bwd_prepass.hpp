@@ -10,7 +10,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

@@ -6,7 +6,7 @@
 // launches the sm90 pre-pass, the main kernel and the dq post-pass.
 #include <cuda_runtime.h>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

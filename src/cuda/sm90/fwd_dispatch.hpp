@@ -1,9 +1,9 @@
 #pragma once
-// Host side of the sm90a forward seen by the dispatcher (cuda_backend.cu): which
+// Host side of the sm90a forward seen by the planner (cuda_backend.cu): which
 // instantiations this build has, whether a call is covered, the run-time switch that lets the
 // automatic backend pick sm90, and the kernel names reported in RunInfo.
 //
-// Not covered yet (the dispatcher sends these to the sm80 kernels): varlen, split-KV,
+// Not covered yet (the planner sends these to the sm80 kernels): varlen, split-KV,
 // head_dim_v != head_dim, and strides or pointers that a TMA descriptor cannot describe
 // (every stride a multiple of 16 bytes, every base pointer 16-byte aligned).
 #include <cstdint>
@@ -15,33 +15,33 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/sm90/fwd_registry.hpp"
-#include "cuda/sm90/tile_table.hpp"
+#include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
-struct Kernel {
+struct FwdKernel {
   ElementType dtype;
   int head_dim;
   FwdEntry entry;
 };
 
 #define FLASHCPP_SM90_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
-inline constexpr Kernel kKernels[] = {
+inline constexpr FwdKernel kFwdKernels[] = {
 #include "fwd_sm90_registry.inc"
     {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
 };
 #undef FLASHCPP_SM90_FWD
 
-inline bool any_built() {
-  for (const Kernel& k : kKernels)
+inline bool any_fwd_built() {
+  for (const FwdKernel& k : kFwdKernels)
     if (k.entry) return true;
   return false;
 }
 
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
 // run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
-inline const Kernel* find_kernel(const ForwardParams& p) {
-  return smallest_covering(kKernels, p.dtype, p.head_dim);
+inline const FwdKernel* find_fwd_kernel(const ForwardParams& p) {
+  return smallest_covering(kFwdKernels, p.dtype, p.head_dim);
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
@@ -69,25 +69,25 @@ inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int head
          ok(s.head, heads) && ok(s.batch, batch);
 }
 
-// True when the sm90 forward can run this call (split-KV is decided by the dispatcher).
-inline bool covers(const ForwardParams& p) {
+// True when the sm90 forward can run this call (split-KV is decided by the planner).
+inline bool fwd_covers(const ForwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || p.is_varlen() || find_kernel(p) == nullptr) return false;
+  if (p.head_dim_v != p.head_dim || p.is_varlen() || find_fwd_kernel(p) == nullptr) return false;
   return tma_compatible(p.q, p.q_stride, p.seqlen_q, p.heads_q, p.batch) &&
          tma_compatible(p.k, p.k_stride, p.seqlen_k, p.heads_kv, p.batch) &&
          tma_compatible(p.v, p.v_stride, p.seqlen_k, p.heads_kv, p.batch) &&
          tma_compatible(p.out, p.out_stride, p.seqlen_q, p.heads_q, p.batch);
 }
 
-inline int num_m_blocks(const ForwardParams& p, const Kernel& k) {
+inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
   const int block_m = sm90_fwd_tile(k.head_dim).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws".
-inline const char* kernel_name(const Kernel& k) {
+inline const char* fwd_kernel_name(const FwdKernel& k) {
   const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
-  return intern_name(std::string("sm90_fwd_") + (k.dtype == ElementType::bf16 ? "bf16" : "fp16") +
+  return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
 }

@@ -14,9 +14,9 @@
 #include <cutlass/array.h>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/common/tile_coord.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"

@@ -11,7 +11,7 @@
 
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/common/tile_coord.hpp"
 #include "cuda/sm90/fwd_epilogue.hpp"
 #include "cuda/sm90/fwd_mainloop.hpp"
 #include "cuda/sm90/fwd_params.hpp"

@@ -12,7 +12,7 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/sm90/fwd_kernel.hpp"
-#include "cuda/sm90/kernel_traits.hpp"
+#include "cuda/sm90/fwd_traits.hpp"
 #include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
 

@@ -3,7 +3,7 @@
 // descriptors of Q, K, V (loads) and O (store; unused where O is stored from registers) built
 // on the host (passed as a __grid_constant__ parameter, so
 // the descriptors live in parameter memory where TMA can read them).
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

@@ -5,7 +5,7 @@
 // each has a generated TU defining its entry point.
 #include <cuda_runtime.h>
 
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

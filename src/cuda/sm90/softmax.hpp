@@ -3,7 +3,7 @@
 // the in-flight P V product (intra-warpgroup overlap): `step` turns S into unnormalised P and
 // returns each row's O rescale factor without touching O; `rescale_o` applies it once the
 // product that writes O has completed (touching O earlier would serialise the wgmma, C7515).
-// Row statistics follow the FlashAttention-2 rules of common/softmax.hpp: exp2 with the scale
+// Row statistics follow the FlashAttention-2 rules of sm80/softmax.hpp: exp2 with the scale
 // folded into one FFMA, a -inf row max replaced by 0 as the offset, sums kept per thread until
 // finalize.
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/softmax.hpp"
+#include "cuda/common/fast_exp2.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

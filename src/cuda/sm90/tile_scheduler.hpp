@@ -16,8 +16,8 @@
 // The walk is stated in slots: unit u owns slots [u * kSlots, (u + 1) * kSlots). Everything
 // is recomputed from the kernel parameters (constant memory) instead of being kept in
 // registers across the main loop.
-#include "cuda/common/fwd_params.hpp"
-#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/tile_coord.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

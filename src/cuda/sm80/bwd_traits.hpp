@@ -1,6 +1,6 @@
 #pragma once
 // Compile-time shape of one sm80 backward instantiation (from the tile table in
-// common/bwd_params.hpp), its shared-memory carve-up, and the small helpers every backward
+// sm80/bwd_tile_table.hpp), its shared-memory carve-up, and the small helpers every backward
 // kernel shares: dtype conversion, tile loads, workspace row index.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,7 +11,8 @@
 
 #include <cutlass/numeric_types.h>
 
-#include "cuda/common/bwd_params.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/sm80/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 
@@ -43,7 +44,7 @@ constexpr std::size_t kA100SmemOptin = 163 * 1024;
 
 template <class T, int kHeadDim>
 struct BwdTraits {
-  static constexpr BwdTile kTile = sm80_bwd_tile(kHeadDim);
+  static constexpr Sm80BwdTile kTile = sm80_bwd_tile(kHeadDim);
   static_assert(kTile.head_dim == kHeadDim, "each instantiated head dim has its tile row");
   static constexpr int kBlockM = kTile.block_m, kBlockN = kTile.block_n, kWarps = kTile.warps;
   static constexpr int kThreads = kWarps * 32;

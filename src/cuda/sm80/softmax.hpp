@@ -1,22 +1,14 @@
 #pragma once
-// Online softmax over the rows a thread holds in its S accumulator (FlashAttention-2):
+// The sm80 forward's online softmax over the rows a thread holds in its S accumulator (FlashAttention-2):
 // running max m and running sum l per row, O rescaled by exp2((m_old - m_new) * scale) only
 // when some row max of the warp grew by more than 2^8 (see kMaxGrowthLog2), exp2 with the
 // scale folded into one FFMA, and the sum kept per thread (no shuffles) until finalize.
 #include <cmath>
 
+#include "cuda/common/fast_exp2.hpp"
 #include "cuda/common/fragment_utils.hpp"
 
 namespace flashcpp::detail::cuda {
-
-// exp2 on the MUFU unit (ex2.approx.ftz): exp2f without fast-math adds denormal handling
-// around it; the inputs here are <= 0 and results below 2^-126 do not matter next to the 1 of
-// the row maximum.
-__forceinline__ __device__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Reduction of N values in four interleaved chains, combined at the end: N/4 + 2 dependent
 // steps instead of N - 1. The row max and row sum of a thread's S row were serial chains (15

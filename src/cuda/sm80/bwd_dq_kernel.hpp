@@ -2,7 +2,7 @@
 // The deterministic backward's dQ: one CTA per (query block of kBlockM rows, query head,
 // batch), padded or varlen. Q, dO, lse_log2 and dsum of the block stay in shared memory; the
 // CTA walks the key blocks its rows can see (the mask policy's n_blocks, the same bounds as
-// the forward) in increasing order, recomputes S, dP and dS (bwd_tile_math.cuh) and adds
+// the forward) in increasing order, recomputes S, dP and dS (bwd_tile_math.hpp) and adds
 // dS K into dQ accumulators held in registers. With no atomics and a fixed order the sums
 // are bitwise identical run to run; the rows are written once, dq = dQ * scale.
 // Why recompute instead of a per-key-block dQ workspace reduced in order: the workspace would
@@ -13,8 +13,8 @@
 
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/sm80/bwd_tile_math.cuh"
-#include "cuda/sm80/bwd_traits.cuh"
+#include "cuda/sm80/bwd_tile_math.hpp"
+#include "cuda/sm80/bwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 

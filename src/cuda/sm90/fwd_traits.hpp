@@ -10,7 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "cuda/sm90/tile_table.hpp"
+#include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 

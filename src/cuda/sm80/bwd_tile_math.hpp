@@ -11,7 +11,7 @@
 #include <mma.h>
 
 #include "cuda/common/mask_policy.hpp"
-#include "cuda/sm80/bwd_traits.cuh"
+#include "cuda/sm80/bwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 

@@ -6,7 +6,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "cuda/common/tile_table.hpp"
+#include "cuda/sm80/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 
@@ -15,7 +15,7 @@ using namespace cute;
 template <class Element_, int kHeadDim_>
 struct FwdTraits {
   using Element = Element_;
-  static constexpr FwdTile kTile = sm80_fwd_tile(kHeadDim_);
+  static constexpr Sm80FwdTile kTile = sm80_fwd_tile(kHeadDim_);
   static_assert(kTile.head_dim == kHeadDim_, "head dim must be a tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTile.block_m;

@@ -8,7 +8,7 @@
 
 namespace flashcpp::detail::cuda {
 
-struct FwdTile {
+struct Sm80FwdTile {
   int head_dim;  // the instantiated (padded) head dim
   int block_m;   // query rows per CTA
   int block_n;   // keys per main-loop iteration
@@ -16,7 +16,7 @@ struct FwdTile {
   int kv_stages; // K/V shared-memory buffers: 1, or 2 (loads of block n+1 during block n)
 };
 
-inline constexpr FwdTile kSm80FwdTiles[] = {
+inline constexpr Sm80FwdTile kSm80FwdTiles[] = {
     // d32..d128: 128x64, 4 warps: acc_s (64 floats/thread) plus acc_o (up to 128 at d128)
     // stay in the 255-register budget.
     // d64: 128x128 (FA2's choice; acc_s 128 + acc_o 64 floats): 330 TFLOP/s against 308 for
@@ -41,14 +41,14 @@ inline constexpr FwdTile kSm80FwdTiles[] = {
 
 // The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
 // >= head_dim; smaller dims run zero-padded). Returns {0,...} when none is large enough.
-constexpr FwdTile sm80_fwd_tile(int head_dim) {
-  for (const FwdTile& t : kSm80FwdTiles)
+constexpr Sm80FwdTile sm80_fwd_tile(int head_dim) {
+  for (const Sm80FwdTile& t : kSm80FwdTiles)
     if (t.head_dim >= head_dim) return t;
   return {0, 0, 0, 0, 0};
 }
 
 // Shared memory of one forward CTA: Q tile + kv_stages K and V tiles (the O tile reuses Q).
-constexpr int sm80_fwd_smem_bytes(FwdTile t, int element_bytes) {
+constexpr int sm80_fwd_smem_bytes(Sm80FwdTile t, int element_bytes) {
   return (t.block_m + 2 * t.kv_stages * t.block_n) * t.head_dim * element_bytes;
 }
 

@@ -8,9 +8,9 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/common/tile_scheduler.hpp"
+#include "cuda/common/tile_coord.hpp"
 
 namespace flashcpp::detail::cuda {
 

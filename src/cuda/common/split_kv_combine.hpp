@@ -9,7 +9,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
 
 namespace flashcpp::detail::cuda {

@@ -4,17 +4,17 @@
 // loops over the query heads of its KV head's group (GQA/MQA: dK and dV sum over them in
 // registers, no workspace) and, for each, over the query blocks that can see its keys (the
 // mask policy's bounds, bottom-right aligned per sequence), recomputing S, P, dP, dS
-// (bwd_tile_math.cuh) and accumulating
+// (bwd_tile_math.hpp) and accumulating
 //     dV += P^T dO,  dK += dS^T Q                 (registers; written once at the end)
 //     dQ_accum += dS K                            (fp32 atomicAdd; skipped when deterministic,
-//                                                  where bwd_dq_kernel.cuh computes dQ)
+//                                                  where bwd_dq_kernel.hpp computes dQ)
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
 #include <cstdint>
 
 #include "cuda/common/mask_policy.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/sm80/bwd_tile_math.cuh"
-#include "cuda/sm80/bwd_traits.cuh"
+#include "cuda/sm80/bwd_tile_math.hpp"
+#include "cuda/sm80/bwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/sm80/bwd_traits.cuh"
+#include "cuda/sm80/bwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 

@@ -1,19 +1,13 @@
 #pragma once
-// Which (query tile, split, head, batch) a CTA computes. One linear grid dimension (x allows
+// The sm80 forward's tile scheduler: which (query tile, split, head, batch) a CTA computes. One linear grid dimension (x allows
 // 2^31-1 CTAs; y and z stop at 65535, too few for batch*heads of large decode batches).
 // Query tiles vary fastest so CTAs that run together share a head's K/V in L2, and they run
 // in reverse: with bottom-right causal masks the last tiles see the most keys, and starting
 // the longest CTAs first shortens the tail of the wave.
-#include "cuda/common/fwd_params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/tile_coord.hpp"
 
 namespace flashcpp::detail::cuda {
-
-struct TileCoord {
-  int m_block;
-  int split;
-  int head;
-  int batch;
-};
 
 __device__ __forceinline__ TileCoord tile_of_block(const FwdKernelParams& kp, unsigned block) {
   TileCoord t;

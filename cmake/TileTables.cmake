@@ -1,0 +1,27 @@
+# The head dims the build instantiates come from the kernels' tile tables (the same constexpr
+# arrays the host planner and the device traits read), so adding a tile row adds its TUs.
+
+# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
+function(flashcpp_table_head_dims header table out)
+  file(READ "${header}" _text)
+  string(REGEX REPLACE "//[^\n]*" "" _text "${_text}")
+  string(REGEX MATCH "${table}\\[\\] = {[^;]*};" _body "${_text}")
+  if(NOT _body)
+    message(FATAL_ERROR "flashcpp: no tile table ${table} in ${header}")
+  endif()
+  string(REGEX MATCHALL "{ *[0-9]+," _entries "${_body}")
+  set(_dims "")
+  foreach(_entry IN LISTS _entries)
+    string(REGEX REPLACE "[^0-9]" "" _dim "${_entry}")
+    list(APPEND _dims "${_dim}")
+  endforeach()
+  set(${out} "${_dims}" PARENT_SCOPE)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
+endfunction()
+
+set(_tables "${CMAKE_CURRENT_LIST_DIR}/../src/cuda")
+flashcpp_table_head_dims("${_tables}/sm80/fwd_tile_table.hpp" kSm80FwdTiles FLASHCPP_SM80_FWD_HEAD_DIMS)
+flashcpp_table_head_dims("${_tables}/sm80/bwd_tile_table.hpp" kSm80BwdTiles FLASHCPP_SM80_BWD_HEAD_DIMS)
+flashcpp_table_head_dims("${_tables}/sm90/fwd_tile_table.hpp" kSm90FwdTiles FLASHCPP_SM90_FWD_HEAD_DIMS)
+flashcpp_table_head_dims("${_tables}/sm90/bwd_tile_table.hpp" kSm90BwdTiles FLASHCPP_SM90_BWD_HEAD_DIMS)
+unset(_tables)

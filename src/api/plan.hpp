@@ -1,0 +1,24 @@
+#pragma once
+// One plan per call: what runs a validated problem (the backend, the kernel instantiation, the
+// KV split count and the workspace it needs), computed once and then read by the workspace
+// query, select_backend, the run and the RunInfo it returns.
+#include <cstddef>
+
+#include "flashcpp/options.hpp"
+
+namespace flashcpp::detail {
+
+struct Plan {
+  Backend backend = Backend::automatic;  // concrete: cpu_reference, cpu, cuda_sm80, cuda_sm90
+  const char* kernel = "";               // RunInfo::kernel
+  int kernel_index = -1;                 // the backend's registry entry that runs the call
+  int num_splits = 1;
+  // The split count came from the heuristic: a run without enough workspace for it runs
+  // unsplit instead (same result), where an explicit num_splits > 1 is an error.
+  bool splits_optional = false;
+  std::size_t workspace_bytes = 0;
+
+  RunInfo run_info() const { return {backend, kernel, num_splits}; }
+};
+
+}  // namespace flashcpp::detail

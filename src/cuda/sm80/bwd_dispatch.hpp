@@ -1,0 +1,43 @@
+#pragma once
+// Host side of the sm80 backward seen by the planner (cuda_backend.cu): which instantiations
+// this build has and the kernel names reported in RunInfo. It takes every backward call of
+// fp16/bf16 with head_dim_v == head_dim: varlen, deterministic, and what the sm90a backward
+// does not cover.
+#include <string>
+
+#include "common/params.hpp"
+#include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
+#include "cuda/sm80/bwd_registry.hpp"
+#include "cuda/sm80/bwd_tile_table.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+struct BwdKernel {
+  ElementType dtype;
+  int head_dim;
+  BwdEntry entry;
+};
+
+#define FLASHCPP_SM80_BWD(dtype, hdim) {ElementType::dtype, hdim, &bwd_##dtype##_hdim##hdim},
+inline constexpr BwdKernel kBwdKernels[] = {
+#include "bwd_sm80_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM80_BWD
+
+// The smallest instantiation of this dtype whose head dim covers the call's, or null.
+inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
+  return smallest_covering(kBwdKernels, p.dtype, p.head_dim);
+}
+
+// RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x64_8w_deterministic".
+inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic) {
+  const Sm80BwdTile t = sm80_bwd_tile(k.head_dim);
+  return intern_name(std::string("sm80_bwd_") + dtype_name(k.dtype) + "_hdim" +
+                     std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
+                     std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                     (deterministic ? "_deterministic" : ""));
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

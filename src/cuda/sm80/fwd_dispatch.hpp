@@ -1,0 +1,70 @@
+#pragma once
+// Host side of the sm80 forward seen by the planner (cuda_backend.cu): which instantiations
+// this build has, whether a call is covered, the split-KV heuristic's inputs, and the kernel
+// names reported in RunInfo. The sm80 kernels also run on Hopper: for what the sm90a kernels
+// do not cover, and with FLASHCPP_DISABLE_SM90=1.
+//
+// Not covered: head_dim_v != head_dim and dtypes other than fp16/bf16 (clear errors).
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
+#include "cuda/sm80/fwd_registry.hpp"
+#include "cuda/sm80/fwd_tile_table.hpp"
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+struct FwdKernel {
+  ElementType dtype;
+  int head_dim;
+  FwdEntry entry;
+};
+
+#define FLASHCPP_SM80_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
+inline constexpr FwdKernel kFwdKernels[] = {
+#include "fwd_sm80_registry.inc"
+    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
+};
+#undef FLASHCPP_SM80_FWD
+
+// The smallest instantiation of this dtype whose head dim covers the call's (smaller head
+// dims run zero-padded); throws when the call is of a kind the sm80 forward does not take or
+// no instantiation of this build covers it.
+inline const FwdKernel& fwd_kernel_for(const ForwardParams& p) {
+  if (p.head_dim_v != p.head_dim)
+    throw Error("cuda sm80 forward: head_dim_v (" + std::to_string(p.head_dim_v) +
+                ") different from head_dim (" + std::to_string(p.head_dim) +
+                ") is not supported yet");
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16)
+    throw Error(std::string("cuda sm80 forward: dtype ") + dtype_name(p.dtype) +
+                " is not supported (supported: fp16, bf16)");
+  const FwdKernel* k = smallest_covering(kFwdKernels, p.dtype, p.head_dim);
+  if (!k)
+    throw Error("cuda: no sm80 kernel for head dim " + std::to_string(p.head_dim) + " " +
+                dtype_name(p.dtype) + " in this build (built head dims for " +
+                dtype_name(p.dtype) + ": " + built_head_dims(kFwdKernels, p.dtype) +
+                "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+  return *k;
+}
+
+inline int fwd_num_m_blocks(const ForwardParams& p, const Sm80FwdTile& t) {
+  return int((std::int64_t(p.seqlen_q) + t.block_m - 1) / t.block_m);
+}
+inline int fwd_num_n_blocks(const ForwardParams& p, const Sm80FwdTile& t) {
+  return int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
+}
+
+// RunInfo::kernel, e.g. "sm80_fwd_bf16_hdim128_128x64_4w_splitkv".
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split) {
+  const Sm80FwdTile t = sm80_fwd_tile(k.head_dim);
+  return intern_name(std::string("sm80_fwd_") + dtype_name(k.dtype) + "_hdim" +
+                     std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
+                     std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                     (split ? "_splitkv" : ""));
+}
+
+}  // namespace flashcpp::detail::cuda::sm80
