@@ -206,9 +206,10 @@ float Problem::scale() const { return 1.0f / std::sqrt(static_cast<float>(head_d
 
 std::int64_t Problem::visible_pairs() const {
   const int right = causal ? 0 : window_right;
+  const detail::WindowMask mask(seqlen_q, seqlen_k, window_left, right);
   std::int64_t pairs = 0;
   for (int i = 0; i < seqlen_q; ++i) {
-    const auto r = detail::visible_keys(i, seqlen_q, seqlen_k, window_left, right);
+    const auto r = mask.keys(i);
     pairs += std::max<std::int64_t>(0, r.end - r.begin);
   }
   return pairs * batch * heads;

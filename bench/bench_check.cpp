@@ -132,7 +132,7 @@ CheckResult check_sampled(const Problem& p, const Tensors& t, std::int64_t sampl
     const int h = static_cast<int>(flat / p.seqlen_q % p.heads);
     const std::int64_t i = flat % p.seqlen_q;
     const int g = h / group;
-    const auto keys = detail::visible_keys(i, p.seqlen_q, p.seqlen_k, p.window_left, right);
+    const auto keys = detail::WindowMask(p.seqlen_q, p.seqlen_k, p.window_left, right).keys(i);
     const std::int64_t n = std::max<std::int64_t>(0, keys.end - keys.begin);
     const std::int64_t lse_index = (b * p.heads + h) * p.seqlen_q + i;
     if (n == 0) {  // contract: out = 0, lse = -inf, dq = 0
@@ -169,7 +169,7 @@ CheckResult check_sampled(const Problem& p, const Tensors& t, std::int64_t sampl
     const std::int64_t j = pick(p.seqlen_k, s, p.seqlen_k - 1);
     std::int64_t r0 = p.seqlen_q, r1 = 0;
     for (std::int64_t r = 0; r < p.seqlen_q; ++r) {
-      const auto kr = detail::visible_keys(r, p.seqlen_q, p.seqlen_k, p.window_left, right);
+      const auto kr = detail::WindowMask(p.seqlen_q, p.seqlen_k, p.window_left, right).keys(r);
       if (kr.begin <= j && j < kr.end) {
         r0 = std::min(r0, r);
         r1 = r + 1;

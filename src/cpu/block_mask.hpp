@@ -1,8 +1,8 @@
 #pragma once
-// The contract's visibility rule (common/mask.hpp) lifted to blocks, for the tiled backend:
-// which keys a block of rows can see, which rows see a block of keys, and whether a
-// (rows x keys) block needs the element-wise mask at all. All of it rests on one fact: the
-// first and the one-past-last visible key never decrease from one row to the next.
+// The visibility rule (common/mask.hpp) over the tiled CPU backend's arbitrary row and key
+// ranges: which keys a block of rows can see, which rows see a block of keys, and whether a
+// (rows x keys) block needs the element-wise mask at all. All of it rests on one fact of the
+// rule: the first and the one-past-last visible key never decrease from one row to the next.
 #include <cstdint>
 #include <limits>
 
@@ -18,9 +18,9 @@ struct RowRange {
 class BlockMask {
  public:
   BlockMask(std::int64_t nq, std::int64_t nk, int window_left, int window_right)
-      : nq_(nq), nk_(nk), left_(window_left), right_(window_right) {}
+      : nq_(nq), rule_(int(nq), int(nk), window_left, window_right) {}
 
-  KeyRange keys(std::int64_t row) const { return visible_keys(row, nq_, nk_, left_, right_); }
+  KeyRange keys(std::int64_t row) const { return rule_.keys(row); }
 
   // A range holding every key some row of [r0, r1) sees.
   KeyRange keys_of_rows(std::int64_t r0, std::int64_t r1) const {
@@ -65,8 +65,8 @@ class BlockMask {
     return lo;
   }
 
-  std::int64_t nq_, nk_;
-  int left_, right_;
+  std::int64_t nq_;
+  WindowMask rule_;
 };
 
 }  // namespace flashcpp::detail::cpu

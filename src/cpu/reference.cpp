@@ -53,8 +53,9 @@ std::vector<double> scores(const ForwardParams& p, const Sequence& seq,
   const std::int64_t nq = seq.nq, nk = seq.nk;
   std::vector<double> s(static_cast<std::size_t>(nq * nk), -kInf);
   if (tanh_out) tanh_out->assign(s.size(), 0.0);
+  const WindowMask mask(int(nq), int(nk), p.window_left, p.window_right);
   for (std::int64_t i = 0; i < nq; ++i) {
-    const KeyRange keys = visible_keys(i, nq, nk, p.window_left, p.window_right);
+    const KeyRange keys = mask.keys(i);
     for (std::int64_t j = keys.begin; j < keys.end; ++j) {
       double x = double{p.scale} * dot(&q[i * p.head_dim], &k[j * p.head_dim], p.head_dim);
       if (p.softcap > 0) {

@@ -1,13 +1,14 @@
-// The block bounds of the CUDA mask policy (src/cuda/common/mask_policy.hpp) against brute
+// The block bounds of the one mask rule (src/common/mask.hpp) against brute
 // force over every (row, key) pair of small problems: the backward's query-block range of a
 // key block, its "no mask needed" test and its per-key query window; the forward's key-block
 // range and unmasked band. Host code only: runs without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 
 namespace flashcpp::detail::cuda {
 namespace {
@@ -32,6 +33,35 @@ void for_each_shape(F&& f) {
                           {20, 7}})
         for (int bm : {4, 8})
           for (int bn : {8, 16}) f(Shape{sq, sk, l, r, bm, bn});
+}
+
+// The element test and the per-row key range against the contract's formula, written out here
+// independently of the rule: i + o - left <= j <= i + o + right, o = Nk - Nq, 0 <= j < Nk.
+TEST(MaskPolicy, ElementTestIsTheContract) {
+  for_each_shape([](const Shape& s) {
+    SCOPED_TRACE(name(s));
+    const WindowMask mask(s.sq, s.sk, s.left, s.right);
+    const int o = s.sk - s.sq;
+    for (int i = 0; i < s.sq; ++i) {
+      int first = s.sk, last = -1;
+      for (int j = 0; j < s.sk + 3; ++j) {
+        const bool expected = j < s.sk && (s.left < 0 || j >= i + o - s.left) &&
+                              (s.right < 0 || j <= i + o + s.right);
+        EXPECT_EQ(mask.visible(i, j), expected) << "query " << i << " key " << j;
+        if (expected) {
+          first = std::min(first, j);
+          last = std::max(last, j);
+        }
+      }
+      const KeyRange keys = mask.keys(i);
+      if (last < 0) {
+        EXPECT_GE(keys.begin, keys.end) << "query " << i;
+      } else {
+        EXPECT_EQ(keys.begin, first) << "query " << i;
+        EXPECT_EQ(keys.end, last + 1) << "query " << i;
+      }
+    }
+  });
 }
 
 TEST(MaskPolicy, BackwardQueryBlocksOfAKeyBlock) {

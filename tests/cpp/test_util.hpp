@@ -337,7 +337,7 @@ struct Problem {
   // The window actually applied (causal folds into right = 0).
   int right() const { return causal ? 0 : window_right; }
   detail::KeyRange keys(int b, int row) const {
-    return detail::visible_keys(row, len_q(b), len_k(b), window_left, right());
+    return detail::WindowMask(len_q(b), len_k(b), window_left, right()).keys(row);
   }
   // Exact count of visible (query, key) pairs over batch and heads: the FLOP model's unit.
   std::int64_t visible_pairs() const {

@@ -11,7 +11,7 @@
 // S = Q K^T and dP = dO V^T again (the main kernel then skips its dQ product and atomics).
 #include <cstdint>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_tile_math.hpp"
 #include "cuda/sm80/bwd_traits.hpp"

@@ -11,7 +11,7 @@
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
 #include <cstdint>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_tile_math.hpp"
 #include "cuda/sm80/bwd_traits.hpp"
@@ -35,13 +35,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
   if (n0 >= sk) return;
   const int rows_k = sk - n0 < BN ? sk - n0 : BN;
   const WindowMask mask(sq, sk, p.window_left, p.window_right);
-  // Queries that see some key of [n0, n0 + rows_k): lo <= j - i <= hi.
-  std::int64_t i_begin = std::int64_t(n0) - mask.hi;
-  std::int64_t i_end = std::int64_t(n0) + rows_k - 1 - mask.lo + 1;
-  if (i_begin < 0) i_begin = 0;
-  if (i_end > sq) i_end = sq;
-  const int m_begin = int(i_begin / BM);
-  const int m_end = i_begin < i_end ? int((i_end + BM - 1) / BM) : m_begin;
+  const BlockRange m_range = mask.m_blocks(n_block, BN, BM);
 
   const T* kbase = static_cast<const T*>(p.k) +
                    seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk);
@@ -64,7 +58,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const std::int64_t row_base = ws_row(p, b, hq, 0);
-    for (int m_block = m_begin; m_block < m_end; ++m_block) {
+    for (int m_block = m_range.begin; m_block < m_range.end; ++m_block) {
       const int m0 = m_block * BM;
       const int rows_q = sq - m0 < BM ? sq - m0 : BM;
       __syncthreads();  // the previous iteration's readers of Q, dO, P, dS and staging are done

@@ -10,7 +10,7 @@
 // The products are warp-level mma.sync (WMMA 16x16x16, fp16/bf16 in, fp32 out).
 #include <mma.h>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/sm80/bwd_traits.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {

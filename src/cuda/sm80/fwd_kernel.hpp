@@ -5,7 +5,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/sm80/fwd_epilogue.hpp"
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/tile_scheduler.hpp"

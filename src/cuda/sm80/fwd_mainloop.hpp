@@ -7,7 +7,7 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/gemm.hpp"

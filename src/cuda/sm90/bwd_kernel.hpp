@@ -14,7 +14,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/sm90/bwd_epilogue.hpp"
 #include "cuda/sm90/bwd_mainloop.hpp"
 #include "cuda/sm90/bwd_mainloop_split_d.hpp"

@@ -19,7 +19,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"

@@ -13,7 +13,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {

@@ -9,7 +9,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
 #include "cuda/sm90/fwd_epilogue.hpp"

@@ -24,7 +24,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/mask_policy.hpp"
+#include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
