@@ -10,7 +10,7 @@
 # and set AB_REVERSE=1: "base" is then the tree with the patch reversed (BASE_REV), "new" the tree.
 # Environment:
 #   AB_CMAKE_ARGS  extra CMake flags (default: sm90a, bf16, head dims 64;128;256)
-#   AB_TESTS       gtest filter run on "new" (default CudaSm90Backward.*; "" skips)
+#   AB_TESTS       gtest filter run on "new" (default CudaBackward*/sm90; "" skips)
 #   AB_RACECHECK   gtest filter run on "new" under compute-sanitizer racecheck ("" skips)
 #   AB_ROUNDS      benchmark rounds, each runs both trees (default 2)
 # Prints ratios new/base (time) per cell last (also OUT_DIR/summary.txt); OUT_DIR/ab.csv has
@@ -26,7 +26,7 @@ bench_args=("$@")
 ((${#bench_args[@]})) || bench_args=(--modes bwd --heads-dims 64,128 --seqlens 2k,8k --impls flashcpp,cudnn)
 python="${PYTHON:-python3}"
 cmake_args="${AB_CMAKE_ARGS:--DFLASHCPP_CUDA_ARCHS=90a -DFLASHCPP_DTYPES=bf16 -DFLASHCPP_HEAD_DIMS=64;128;256}"
-tests="${AB_TESTS-CudaSm90Backward.*}"
+tests="${AB_TESTS-CudaBackward*/sm90}"
 racecheck="${AB_RACECHECK-}"
 rounds="${AB_ROUNDS:-2}"
 mkdir -p "$out"

@@ -50,7 +50,7 @@ stage_build() {
 stage_test() {
   ctest --test-dir "$build" --output-on-failure &&
     # the switch back to the sm80 kernels for the automatic backend (read once per process)
-    FLASHCPP_DISABLE_SM90=1 "$build/tests/cpp/flashcpp_tests" --gtest_filter='CudaSm90Forward.Automatic*:CudaSm90Backward.Automatic*'
+    FLASHCPP_DISABLE_SM90=1 "$build/tests/cpp/flashcpp_tests" --gtest_filter='CudaForwardSm90.Automatic*:CudaBackwardSm90.Automatic*'
 }
 
 stage_sanitize() {
@@ -58,7 +58,7 @@ stage_sanitize() {
   # small problems that still cross tile edges, masks, split-KV, both architectures' forward
   # kernels and both backwards (sm80: atomic and deterministic dQ, varlen; sm90a: split by
   # keys at d64/d128, by head dim at d256)
-  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel:CudaForward.BhsdStrides:CudaForward.RowsWithoutVisibleKeys*:CudaForward.SplitKvForced:CudaSm90Forward.ReportsBackendAndKernel:CudaSm90Forward.BhsdStrides:CudaSm90Forward.RowsWithoutVisibleKeys*:CudaBackward.BhsdStrides:CudaBackward.UnseenRowsAndKeysGiveZero:CudaBackward.VarlenWithEmptySequences:CudaSm90Backward.ReportsBackendAndKernel:CudaSm90Backward.BhsdStrides:CudaSm90Backward.UnseenRowsAndKeysGiveZero:CudaSm90Backward.GqaAndMqaHeadDim256}"
+  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel/*:CudaForward.BhsdStrides/*:CudaForward.RowsWithoutVisibleKeys*:CudaForwardSm80.SplitKvForced/*:CudaBackward.BhsdStrides/*:CudaBackward.UnseenRowsAndKeysGiveZero/*:CudaBackwardSm80.VarlenWithEmptySequences/*:CudaBackwardSm90.ReportsBackendAndKernel/*:CudaBackwardSm90.GqaAndMqaHeadDim256/*}"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filter" &&
     compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" --gtest_filter="$filter"
 }

@@ -1,102 +1,203 @@
-// CUDA sm80 backward (dq, dk, dv) against the float64 reference backward, requested explicitly
-// with Backend::cuda_sm80 (the harness, shared with the sm90 backward's tests, is
-// cuda_bwd_harness.hpp). Every test skips when no GPU is present (CI has none).
+// CUDA backward (dq, dk, dv) against the float64 reference backward, once per GPU backend,
+// requested explicitly: CudaBackward's tests run on both (names end /sm80 and /sm90),
+// CudaBackwardSm80's and CudaBackwardSm90's on the one they name. The sm90a backward is a TMA +
+// wgmma main kernel between the sm80 pre- and post-pass; its d64/d128 layout has 128 keys per
+// CTA, d256 is the other layout (consumer warpgroups split the head dim, 64 keys per CTA,
+// bwd_tile_table.hpp), so sm90 sweeps visit each, and d160, d192 run zero-padded on d256.
+// Every test skips without a GPU (CI has none), and the sm90 ones on a GPU that is not sm90 or
+// in a build without the sm90a backward kernels. The harness is cuda_harness.hpp.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <random>
+#include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "cuda_bwd_harness.hpp"
-#include "cuda_test_harness.hpp"
+#include "cuda_harness.hpp"
 #include "flashcpp/flashcpp.hpp"
 
 namespace flashcpp {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU: the cuda backward tests need one"
+using namespace cuda_test;
 
 #ifdef FLASHCPP_TEST_WITH_CUDA
 
-using namespace cuda_test;
-
-class CudaBackward : public ::testing::Test {
+class CudaBackward : public BackendSuite<backward_skip_reason> {
  protected:
-  void SetUp() override { SKIP_WITHOUT_GPU(); }
-  void TearDown() override { report_unbuilt_cases(); }
+  // A case that requests the backend under test and must run on it.
+  BwdCase base() const {
+    BwdCase c;
+    c.backend = c.expect = GetParam();
+    return c;
+  }
 };
+class CudaBackwardSm80 : public CudaBackward {};
+class CudaBackwardSm90 : public CudaBackward {};
 
-TEST_F(CudaBackward, HeadDimsDtypesLengths) {
-  for (DType t : {DType::bf16, DType::fp16})
-    for (int d : {64, 128})
-      for (auto [nq, nk] : {std::pair{1, 1}, {17, 17}, {113, 203}, {203, 113}, {128, 128}})
-        for (bool causal : {false, true}) {
-          BwdCase c;
-          c.dtype = t;
-          c.D = d;
-          c.B = 2;
-          c.Hq = c.Hkv = 2;
-          c.Nq = nq;
-          c.Nk = nk;
-          c.causal = causal;
-          check(c);
-        }
+INSTANTIATE_TEST_SUITE_P(, CudaBackward, kGpuBackends, backend_suffix);
+INSTANTIATE_TEST_SUITE_P(, CudaBackwardSm80, ::testing::Values(Backend::cuda_sm80),
+                         backend_suffix);
+INSTANTIATE_TEST_SUITE_P(, CudaBackwardSm90, ::testing::Values(Backend::cuda_sm90),
+                         backend_suffix);
+
+// GQA, MQA and MHA at each head dim of `dims`, causal or not, Nq 113, Nk 203; then many query
+// blocks per head and several heads per kv head at head dim `long_d`.
+void check_gqa_and_mqa(const BwdCase& base, std::initializer_list<int> dims, int long_d) {
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}, {4, 4}})
+    for (int d : dims)
+      for (bool causal : {false, true}) {
+        BwdCase c = base;
+        c.Hq = hq;
+        c.Hkv = hkv;
+        c.D = d;
+        c.Nq = 113;
+        c.Nk = 203;
+        c.causal = causal;
+        check(c);
+      }
+  BwdCase c = base;
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.D = long_d;
+  c.Nq = c.Nk = 1000;
+  c.causal = true;
+  check(c);
 }
 
-TEST_F(CudaBackward, LongSequence) {
-  for (bool causal : {false, true}) {
-    BwdCase c;
-    c.Nq = c.Nk = 1000;
-    c.D = 64;
-    c.causal = causal;
+// Queries that see no key get dq = 0 and keys no query sees get dk = dv = 0, exactly; with
+// Nk = 1000 and window (0, 0) whole key blocks see no query at all (CTAs that load nothing
+// and only store zeros).
+void check_unseen_rows_and_keys_give_zero(const BwdCase& base) {
+  {
+    BwdCase c = base;  // bottom-right causal: query i sees keys j <= i - 6; queries 0..5 none
+    c.Nq = 10;
+    c.Nk = 4;
+    c.causal = true;
+    const BwdResult r = check(c);
+    for (int i = 0; !r.not_built && i < 6 * c.D; ++i) ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
+  }
+  for (int nk : {10, 1000}) {
+    BwdCase c = base;  // window (0, 0): query i sees key i + nk - 4 only
+    c.Nq = 4;
+    c.Nk = nk;
+    c.wl = c.wr = 0;
+    const BwdResult r = check(c);
+    for (int i = 0; !r.not_built && i < (nk - 4) * c.D; ++i) {
+      ASSERT_EQ(r.dk[i], 0.f) << "dk element " << i;
+      ASSERT_EQ(r.dv[i], 0.f) << "dv element " << i;
+    }
+  }
+}
+
+// ---- both backends ------------------------------------------------------------------------------
+
+// B 2, 2 heads, causal or not, Nq != Nk both ways. sm90 at each layout's head dims, with every
+// pair of lengths from {1, 77, 200, 1000} (multiples of neither its 64-row query iterations
+// nor its key blocks), plus 128 x 128 (exact tiles) and 113 x 203; its fp16 cases are in Fp16.
+TEST_P(CudaBackward, HeadDimsDtypesLengths) {
+  const Lengths lengths = per_backend(
+      Lengths{{1, 1}, {17, 17}, {113, 203}, {203, 113}, {128, 128}},
+      Lengths{{1, 1}, {77, 77}, {200, 200}, {128, 128}, {1, 200}, {200, 1}, {77, 1000},
+              {1000, 77}, {113, 203}, {203, 113}});
+  check_sweep(base(), per_backend(std::vector{DType::bf16, DType::fp16}, std::vector{DType::bf16}),
+              per_backend(std::vector{64, 128}, std::vector{64, 128, 256}), lengths);
+}
+
+TEST_P(CudaBackward, LongSequence) {
+  for (int d : per_backend(std::vector{64}, std::vector{64, 128, 256}))
+    for (bool causal : {false, true}) {
+      BwdCase c = base();
+      c.Nq = c.Nk = 1000;
+      c.D = d;
+      c.causal = causal;
+      check(c);
+    }
+}
+
+// Windows x softcap 0 or 5 (Nq 150, Nk 260; sm80: 2 heads, d64; sm90: 4/2 heads at each
+// layout's head dims, and a window wider than a key block), then causal with Nq > Nk and
+// softcap 30 (sm80: fp16 d128; sm90: bf16 d128 and d256).
+TEST_P(CudaBackward, WindowAndSoftcap) {
+  std::vector<std::pair<int, int>> windows = {{-1, -1}, {32, 0}, {17, 5}, {-1, 40}, {0, 0}};
+  if (sm90()) windows.push_back({150, 100});
+  for (int d : per_backend(std::vector{64}, std::vector{64, 128, 256}))
+    for (auto [wl, wr] : windows)
+      for (float softcap : {0.f, 5.f}) {
+        BwdCase c = base();
+        c.Hq = per_backend(2, 4);
+        c.Hkv = 2;
+        c.D = d;
+        c.Nq = 150;
+        c.Nk = 260;
+        c.wl = wl;
+        c.wr = wr;
+        c.softcap = softcap;
+        check(c);
+      }
+  for (int d : per_backend(std::vector{128}, std::vector{128, 256})) {
+    BwdCase c = base();
+    c.dtype = per_backend(DType::fp16, DType::bf16);
+    c.Nq = 203;
+    c.Nk = 113;
+    c.D = d;
+    c.causal = true;
+    c.softcap = 30.f;
     check(c);
   }
 }
 
-TEST_F(CudaBackward, WindowAndSoftcap) {
-  for (auto [wl, wr] : {std::pair{-1, -1}, {32, 0}, {17, 5}, {-1, 40}, {0, 0}})
-    for (float softcap : {0.f, 5.f}) {
-      BwdCase c;
-      c.Hq = c.Hkv = 2;
-      c.Nq = 150;
-      c.Nk = 260;
-      c.wl = wl;
-      c.wr = wr;
-      c.softcap = softcap;
-      check(c);
-    }
-  BwdCase c;
-  c.dtype = DType::fp16;
-  c.Nq = 203;
-  c.Nk = 113;
-  c.D = 128;
-  c.causal = true;
-  c.softcap = 30.f;
-  check(c);
+TEST_P(CudaBackward, GqaAndMqa) { check_gqa_and_mqa(base(), {64, 128}, 128); }
+
+TEST_P(CudaBackward, BhsdStrides) {
+  for (int d : per_backend(std::vector{128}, std::vector{128, 256})) check_bhsd_strides(base(), d);
 }
 
-TEST_F(CudaBackward, GqaAndMqa) { check_gqa_and_mqa(BwdCase{}); }
+TEST_P(CudaBackward, UnseenRowsAndKeysGiveZero) {
+  for (int d : per_backend(std::vector{64}, std::vector{64, 256})) {
+    BwdCase c = base();
+    c.D = d;
+    check_unseen_rows_and_keys_give_zero(c);
+  }
+}
 
-TEST_F(CudaBackward, BhsdStrides) { check_bhsd_strides(BwdCase{}); }
+// Padded and varlen calls given 4 bytes less workspace than asked for, or a workspace that
+// starts 4 bytes past a 16-byte boundary, throw and name it.
+TEST_P(CudaBackward, WorkspaceTooSmallThrows) {
+  for (bool varlen : {false, true})
+    for (bool misaligned : {false, true}) {
+      BwdCase c = base();
+      c.Nq = c.Nk = 100;
+      if (varlen) {
+        c.seqlens_q = {100, 30};
+        c.seqlens_k = {50, 100};
+      }
+      (misaligned ? c.workspace_misalign : c.workspace_shortfall) = 4;
+      const char* expected =
+          misaligned ? "workspace: data pointer is not 16-byte aligned" : "workspace: needs";
+      BwdResult r;
+      try {
+        run_case(c, r);
+        ADD_FAILURE() << "expected flashcpp::Error (" << describe(c) << ")";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      }
+    }
+}
 
-TEST_F(CudaBackward, UnseenRowsAndKeysGiveZero) { check_unseen_rows_and_keys_give_zero(BwdCase{}); }
-
-TEST_F(CudaBackward, WorkspaceTooSmallThrows) { check_workspace_too_small_throws(BwdCase{}); }
+// ---- sm80: deterministic, varlen, head dims beyond 128 -----------------------------------------
 
 // deterministic = true: five runs give the same bits and the right gradients. dQ then comes
 // from the dq kernel (no atomics); the shapes include many key blocks adding into the same dQ
 // rows (64 queries x 4096 keys: 64 key-block CTAs per row in the atomic path), GQA (dK, dV
 // summed over 4 query heads), causal, d256 and varlen.
-TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
+TEST_P(CudaBackwardSm80, DeterministicBitwiseAndCorrect) {
   constexpr int kRuns = 5;
   for (bool causal : {false, true}) {
-    BwdCase c;  // GQA 8/2
+    BwdCase c = base();  // GQA 8/2
     c.deterministic = true;
     c.B = 2;
     c.Hq = 8;
@@ -108,7 +209,7 @@ TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
     check(c, kRuns);
   }
   for (bool causal : {false, true}) {
-    BwdCase c;  // many key blocks per dQ row
+    BwdCase c = base();  // many key blocks per dQ row
     c.deterministic = true;
     c.Hq = 2;
     c.Hkv = 1;
@@ -118,7 +219,7 @@ TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
     check(c, kRuns);
   }
   {
-    BwdCase c;  // d256 (32-row query blocks), fp16, window + softcap
+    BwdCase c = base();  // d256 (32-row query blocks), fp16, window + softcap
     c.deterministic = true;
     c.dtype = DType::fp16;
     c.Hq = 4;
@@ -132,7 +233,7 @@ TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
     check(c, kRuns);
   }
   {
-    BwdCase c;  // varlen with an empty query and an empty key sequence, causal, GQA
+    BwdCase c = base();  // varlen with an empty query and an empty key sequence, causal, GQA
     c.deterministic = true;
     c.seqlens_q = {17, 0, 130, 1, 64};
     c.seqlens_k = {40, 5, 130, 0, 300};
@@ -142,7 +243,7 @@ TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
     check(c, kRuns);
   }
   {
-    BwdCase c;  // bhsd strides, queries that see no key (dq exactly 0)
+    BwdCase c = base();  // bhsd strides, queries that see no key (dq exactly 0)
     c.deterministic = true;
     c.bhsd = true;
     c.Hq = c.Hkv = 2;
@@ -158,7 +259,7 @@ TEST_F(CudaBackward, DeterministicBitwiseAndCorrect) {
 // Varlen (cu_seqlens): sequences of different lengths, one with no queries (its keys get
 // dk = dv = 0) and one with no keys (its queries get dq = 0), sequences spanning several key
 // and query blocks, Nq != Nk per sequence; causal or not, GQA and MHA, both dtypes.
-TEST_F(CudaBackward, VarlenWithEmptySequences) {
+TEST_P(CudaBackwardSm80, VarlenWithEmptySequences) {
   const std::vector<std::pair<std::vector<int>, std::vector<int>>> lengths = {
       {{17, 0, 130, 1, 64}, {40, 5, 130, 0, 300}},
       {{300, 65, 0, 129}, {257, 700, 64, 1}},
@@ -166,7 +267,7 @@ TEST_F(CudaBackward, VarlenWithEmptySequences) {
   for (const auto& [lq, lk] : lengths)
     for (bool causal : {false, true})
       for (auto [hq, hkv, d, t] : {std::tuple{4, 1, 64, DType::bf16}, {2, 2, 128, DType::fp16}}) {
-        BwdCase c;
+        BwdCase c = base();
         c.seqlens_q = lq;
         c.seqlens_k = lk;
         c.Hq = hq;
@@ -183,7 +284,7 @@ TEST_F(CudaBackward, VarlenWithEmptySequences) {
           }
         }
       }
-  BwdCase c;  // window and softcap
+  BwdCase c = base();  // window and softcap
   c.seqlens_q = {150, 7, 90};
   c.seqlens_k = {260, 200, 33};
   c.Hq = c.Hkv = 2;
@@ -196,23 +297,11 @@ TEST_F(CudaBackward, VarlenWithEmptySequences) {
 // Head dims beyond 128 (d192: 64-row query blocks, 152.5 KB of shared memory; d256: 32-row
 // blocks, 125.3 KB) and head dims that run zero-padded in a larger instantiation (96 in the
 // d96 one or, without it, the next larger; 160 in d192 or d256), Nq != Nk both ways.
-TEST_F(CudaBackward, LargeAndPaddedHeadDims) {
-  for (DType t : {DType::bf16, DType::fp16})
-    for (int d : {96, 160, 192, 256})
-      for (auto [nq, nk] : {std::pair{1, 1}, {113, 203}, {203, 113}})
-        for (bool causal : {false, true}) {
-          BwdCase c;
-          c.dtype = t;
-          c.D = d;
-          c.B = 2;
-          c.Hq = c.Hkv = 2;
-          c.Nq = nq;
-          c.Nk = nk;
-          c.causal = causal;
-          check(c);
-        }
+TEST_P(CudaBackwardSm80, LargeAndPaddedHeadDims) {
+  check_sweep(base(), {DType::bf16, DType::fp16}, {96, 160, 192, 256},
+              {{1, 1}, {113, 203}, {203, 113}});
   for (int d : {192, 256}) {
-    BwdCase c;  // GQA, window, softcap, bhsd at the large head dims
+    BwdCase c = base();  // GQA, window, softcap, bhsd at the large head dims
     c.D = d;
     c.Hq = 8;
     c.Hkv = 2;
@@ -224,19 +313,86 @@ TEST_F(CudaBackward, LargeAndPaddedHeadDims) {
     c.bhsd = true;
     check(c);
   }
-  BwdCase c;  // a long d256 sequence: many query blocks per key block
+  BwdCase c = base();  // a long d256 sequence: many query blocks per key block
   c.D = 256;
   c.Nq = c.Nk = 1000;
   c.causal = true;
   check(c);
 }
 
+// ---- sm90 ---------------------------------------------------------------------------------------
+
+TEST_P(CudaBackwardSm90, ReportsBackendAndKernel) {
+  BwdCase c = base();
+  c.Nq = c.Nk = 64;
+  const BwdResult r = check(c);  // d64 bf16: built, or the suite would have skipped
+  EXPECT_NE(std::string(r.info.kernel).find("sm90_bwd_bf16_hdim64"), std::string::npos)
+      << r.info.kernel;
+  EXPECT_EQ(r.info.num_splits, 1);
+  // d256 (and d160, d192 padded to it) runs the split-head-dim kernel with 64-key CTAs.
+  for (int d : {256, 192, 160}) {
+    c.D = d;
+    const BwdResult r256 = check(c);
+    if (!r256.not_built) {
+      EXPECT_NE(std::string(r256.info.kernel).find("sm90_bwd_bf16_hdim256_64x64"),
+                std::string::npos)
+          << r256.info.kernel;
+    }
+  }
+}
+
+// The automatic backend runs the sm90 backward on Hopper unless FLASHCPP_DISABLE_SM90=1.
+TEST_P(CudaBackwardSm90, AutomaticBackendFollowsTheSwitch) {
+  const char* env = std::getenv("FLASHCPP_DISABLE_SM90");
+  const bool disabled = env != nullptr && std::string(env) == "1";
+  BwdCase c = base();
+  c.Nq = 77;
+  c.Nk = 200;
+  c.causal = true;
+  c.backend = Backend::automatic;
+  c.expect = disabled ? Backend::cuda_sm80 : Backend::cuda_sm90;
+  check(c);
+}
+
+// Head dims below an instantiated one run zero-padded on it (d32 and d80 on hdim64/hdim128,
+// d160 and d192 on hdim256).
+TEST_P(CudaBackwardSm90, PaddedHeadDims) {
+  for (int d : {32, 80, 160, 192})
+    for (bool causal : {false, true}) {
+      BwdCase c = base();
+      c.D = d;
+      c.Nq = 150;
+      c.Nk = 260;
+      c.causal = causal;
+      check(c);
+    }
+}
+
+// GqaAndMqa's cases at d256: dK, dV summed over the group's heads in the split-head-dim
+// registers, dQ's atomics per query head.
+TEST_P(CudaBackwardSm90, GqaAndMqaHeadDim256) { check_gqa_and_mqa(base(), {256}, 256); }
+
+TEST_P(CudaBackwardSm90, Fp16) {
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      BwdCase c = base();
+      c.dtype = DType::fp16;
+      c.D = d;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Nq = 200;
+      c.Nk = 77;
+      c.causal = causal;
+      check(c);
+    }
+}
+
 #else  // built without CUDA: the suite still compiles and says why it does nothing
 
-TEST(CudaBackward, NeedsCuda) {
-  SKIP_WITHOUT_GPU();
-  FAIL() << "cuda_available() is true in a build without CUDA";
-}
+class CudaBackward : public ::testing::TestWithParam<Backend> {};
+INSTANTIATE_TEST_SUITE_P(, CudaBackward, kGpuBackends, backend_suffix);
+
+TEST_P(CudaBackward, NeedsCuda) { skip_built_without_cuda(); }
 
 #endif
 
