@@ -37,7 +37,7 @@ void for_each_shape(F&& f) {
 
 // The element test and the per-row key range against the contract's formula, written out here
 // independently of the rule: i + o - left <= j <= i + o + right, o = Nk - Nq, 0 <= j < Nk.
-TEST(MaskPolicy, ElementTestIsTheContract) {
+TEST(MaskRule, ElementTestIsTheContract) {
   for_each_shape([](const Shape& s) {
     SCOPED_TRACE(name(s));
     const WindowMask mask(s.sq, s.sk, s.left, s.right);
@@ -64,7 +64,7 @@ TEST(MaskPolicy, ElementTestIsTheContract) {
   });
 }
 
-TEST(MaskPolicy, BackwardQueryBlocksOfAKeyBlock) {
+TEST(MaskRule, BackwardQueryBlocksOfAKeyBlock) {
   for_each_shape([](const Shape& s) {
     SCOPED_TRACE(name(s));
     const WindowMask mask(s.sq, s.sk, s.left, s.right);
@@ -94,7 +94,7 @@ TEST(MaskPolicy, BackwardQueryBlocksOfAKeyBlock) {
   });
 }
 
-TEST(MaskPolicy, ForwardKeyBlocksOfAQueryBlock) {
+TEST(MaskRule, ForwardKeyBlocksOfAQueryBlock) {
   for_each_shape([](const Shape& s) {
     SCOPED_TRACE(name(s));
     const WindowMask mask(s.sq, s.sk, s.left, s.right);
