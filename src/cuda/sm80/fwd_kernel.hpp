@@ -8,7 +8,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/softmax.hpp"
-#include "cuda/sm80/tile_scheduler.hpp"
+#include "cuda/sm80/fwd_tile_scheduler.hpp"
 #include "cuda/sm80/fwd_mainloop.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {

@@ -23,8 +23,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct BwdEpilogue {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockN = Traits::kBlockN;

@@ -1,39 +1,35 @@
 #pragma once
-// The sm90a backward main kernel = mask policy (which query blocks) + producer (loads) +
-// consumer mainloop (products) + epilogue (dK, dV stores). One CTA per (key block, kv head,
-// batch), a linear grid (key blocks fastest: with bottom-right causal masks the first key
-// blocks see the most queries and start first). The shell only assigns warpgroup roles:
+// The sm90a backward main kernel, composed from parts given as template parameters:
+//   Scheduler  which (key block, kv head, batch) this CTA owns: static tile(kp, blockIdx.x)
+//              (bwd_tile_scheduler.hpp);
+//   Producer   the TMA loads of K, V and the Q / dO ring: load(...) (bwd_producer.hpp);
+//   Mainloop   the consumers' products over the query blocks: mma(...) (bwd_mainloop.hpp,
+//              or bwd_mainloop_split_d.hpp for split_d tiles); its Traits fix the tile;
+//   Epilogue   stores dK and dV: operator()(...) (bwd_epilogue.hpp);
+// and the mask rule (common/mask.hpp), which says which query blocks a key block meets. The
+// shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240); 64 keys each, or half the
 //                    head dim each for split_d tiles (the mainloop follows the tile).
 // The pre-pass (bwd_prepass.hpp) and the dq post-pass (bwd_dq_convert.hpp) run around it.
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/mask.hpp"
-#include "cuda/sm90/bwd_epilogue.hpp"
-#include "cuda/sm90/bwd_mainloop.hpp"
-#include "cuda/sm90/bwd_mainloop_split_d.hpp"
 #include "cuda/sm90/bwd_params.hpp"
-#include "cuda/sm90/bwd_producer.hpp"
+#include "cuda/sm90/bwd_tile_scheduler.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-// The consumer mainloop of the tile's layout (bwd_tile_table.hpp).
-template <class Traits>
-using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplitD<Traits>,
-                                         BwdMainloop<Traits>>;
-
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    bwd_kernel(const __grid_constant__ BwdParams<Traits> params) {
+template <class Producer, class Mainloop, class Epilogue, class Scheduler>
+__global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams<typename Mainloop::Traits> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Traits = typename Mainloop::Traits;
   using Pipeline = typename Traits::Pipeline;
   using SharedStorage = typename Traits::SharedStorage;
   constexpr int kBlockM = Traits::kBlockM;
@@ -43,11 +39,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const BwdKernelParams& kp = params.kp;
   const BackwardParams& p = kp.p;
 
-  unsigned block = blockIdx.x;
-  const int n_block = int(block % unsigned(kp.num_n_blocks));
-  block /= unsigned(kp.num_n_blocks);
-  const int head_kv = int(block % unsigned(p.heads_kv));
-  const int batch = int(block / unsigned(p.heads_kv));
+  const BwdTileCoord tile = Scheduler::tile(kp, blockIdx.x);
+  const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   const int warp = cutlass::canonical_warp_idx_sync();
@@ -80,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && elected && has_work)
-      BwdProducer<Traits>{}.load(params, n_block, head_kv, batch, m_range, pipeline_q,
+      Producer{}.load(params, n_block, head_kv, batch, m_range, pipeline_q,
                                  pipeline_do, ss);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
@@ -91,9 +84,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     clear(acc_dk);
     clear(acc_dv);
     if (has_work)
-      BwdMainloopOf<Traits>{}.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q,
+      Mainloop{}.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q,
                                   pipeline_do, ss, tid, acc_dk, acc_dv);
-    BwdEpilogue<Traits>{}(params, n_block, head_kv, batch, acc_dk, acc_dv, ss, tid);
+    Epilogue{}(params, n_block, head_kv, batch, acc_dk, acc_dv, ss, tid);
   }
 #endif
 }

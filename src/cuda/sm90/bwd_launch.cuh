@@ -15,7 +15,12 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
+#include "cuda/sm90/bwd_epilogue.hpp"
 #include "cuda/sm90/bwd_kernel.hpp"
+#include "cuda/sm90/bwd_mainloop.hpp"
+#include "cuda/sm90/bwd_mainloop_split_d.hpp"
+#include "cuda/sm90/bwd_producer.hpp"
+#include "cuda/sm90/bwd_tile_scheduler.hpp"
 #include "cuda/sm90/bwd_prepass.hpp"
 #include "cuda/sm90/bwd_traits.hpp"
 #include "cuda/sm90/bwd_traits_split_d.hpp"
@@ -26,6 +31,11 @@ namespace flashcpp::detail::cuda::sm90 {
 
 template <class Traits>
 void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream);
+
+// The consumer mainloop of the tile's layout (bwd_tile_table.hpp).
+template <class Traits>
+using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplitD<Traits>,
+                                         BwdMainloop<Traits>>;
 
 // The traits of the head dim's tile layout (bwd_tile_table.hpp).
 template <class Element, int kHeadDim>
@@ -93,11 +103,13 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
         stage, out_tile, _1{});
   }
 
-  const auto kernel = &bwd_kernel<Traits>;
+  using Scheduler = KeyBlockScheduler;
+  const auto kernel = &bwd_kernel<BwdProducer<Traits>, BwdMainloopOf<Traits>, BwdEpilogue<Traits>,
+                                  Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const std::int64_t blocks = std::int64_t(kp.num_n_blocks) * p.heads_kv * p.batch;
+  const std::int64_t blocks = Scheduler::num_ctas(kp);
   if (blocks > INT_MAX)
     throw Error("cuda sm90 backward: " + std::to_string(blocks) +
                 " thread blocks exceed the grid limit (2^31 - 1)");

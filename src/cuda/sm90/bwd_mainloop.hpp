@@ -40,8 +40,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct BwdMainloop {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;

@@ -31,8 +31,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct BwdMainloopSplitD {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;

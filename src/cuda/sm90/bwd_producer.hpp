@@ -20,8 +20,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct BwdProducer {
+  using Traits = Traits_;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
   using SharedStorage = typename Traits::SharedStorage;

@@ -25,8 +25,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct FwdEpilogue {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;

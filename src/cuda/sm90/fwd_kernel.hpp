@@ -1,7 +1,13 @@
 #pragma once
-// The sm90a forward kernel = persistent scheduler (which tiles) + mask policy (which key
-// blocks) + mainloop (producer loads, consumer products and softmax) + epilogue (stores). The
-// shell assigns warpgroup roles and walks this CTA's tiles:
+// The sm90a forward kernel, composed from three parts given as template parameters:
+//   Scheduler  which tiles this CTA walks: static num_slots(kp), first(kp, cta),
+//              next(kp, slot, grid) and tile(kp, slot, TileCoord&) -> false for a hole
+//              (fwd_tile_scheduler.hpp);
+//   Mainloop   producer loads and consumer products and softmax: load(...), mma(...),
+//              pingpong_start/finish (fwd_mainloop.hpp); its Traits fix the tile;
+//   Epilogue   stores O and lse of a tile: operator()(...) and drain(tid) (fwd_epilogue.hpp);
+// and the mask rule (common/mask.hpp), which says which key blocks a tile visits. The shell
+// only assigns warpgroup roles and walks the scheduler's tiles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
@@ -12,11 +18,8 @@
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
-#include "cuda/sm90/fwd_epilogue.hpp"
-#include "cuda/sm90/fwd_mainloop.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/softmax.hpp"
-#include "cuda/sm90/tile_scheduler.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -24,7 +27,7 @@ using namespace cute;
 
 // What both roles derive from a scheduler slot: the tile (or a hole), its sequence, mask and
 // key blocks.
-template <int kBlockM, int kBlockN>
+template <class Scheduler, int kBlockM, int kBlockN>
 struct TileWork {
   TileCoord tile;
   bool valid;  // false: the hole of an odd pair, nothing to compute or store
@@ -34,7 +37,7 @@ struct TileWork {
 
   __device__ TileWork(const FwdKernelParams& kp, int slot)
       : tile{},
-        valid(PersistentTileScheduler::tile(kp, slot, tile)),
+        valid(Scheduler::tile(kp, slot, tile)),
         seq(kp.p, tile.batch),
         mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right),
         range(mask.n_blocks(tile.m_block, kBlockM, kBlockN)) {}
@@ -43,10 +46,11 @@ struct TileWork {
   __device__ bool has_work() const { return valid && range.begin < range.end; }
 };
 
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdParams<Traits> params) {
+template <class Mainloop, class Epilogue, class Scheduler>
+__global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams<typename Mainloop::Traits> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Traits = typename Mainloop::Traits;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Traits::PipelineState;
   using SharedStorage = typename Traits::SharedStorage;
@@ -83,11 +87,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // Producer and consumers walk the same slots and skip the same ones (holes; tiles without a
   // visible key), so the Q barriers' phases (`work`) and the K/V ring stay in step.
-  using Scheduler = PersistentTileScheduler;
-  using Work = TileWork<kBlockM, kBlockN>;
+  using Work = TileWork<Scheduler, kBlockM, kBlockN>;
   const int num_slots = Scheduler::num_slots(kp);
 
-  FwdMainloop<Traits> mainloop;
+  Mainloop mainloop;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && elected) {
@@ -105,10 +108,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;
-    FwdEpilogue<Traits> epilogue;
+    Epilogue epilogue;
     PipelineState state;  // consumer states start at phase 0
     int work = 0;
-    FwdMainloop<Traits>::pingpong_start(tid);
+    Mainloop::pingpong_start(tid);
     for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
          slot = Scheduler::next(kp, slot, gridDim.x)) {
       const Work w(kp, slot);
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       softmax.finalize(o_rc, kp.lse_scale, lse);
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
     }
-    FwdMainloop<Traits>::pingpong_finish(tid);
+    Mainloop::pingpong_finish(tid);
     epilogue.drain(tid);
   }
 #endif

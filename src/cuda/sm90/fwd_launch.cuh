@@ -11,7 +11,10 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/sm90/fwd_epilogue.hpp"
 #include "cuda/sm90/fwd_kernel.hpp"
+#include "cuda/sm90/fwd_mainloop.hpp"
+#include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/fwd_traits.hpp"
 #include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
@@ -22,6 +25,7 @@ template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Traits = FwdTraits<Element, kHeadDim>;
+  using Scheduler = PersistentTileScheduler;
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
   params.kp = kp;
@@ -47,18 +51,18 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                   p.out_stride),
         typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
-  const auto kernel = &fwd_kernel<Traits>;
+  const auto kernel = &fwd_kernel<FwdMainloop<Traits>, FwdEpilogue<Traits>, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // Persistent: one CTA per SM (shared memory admits no second), each walking its units.
-  const std::int64_t slots = std::int64_t(PersistentTileScheduler::slots_per_head(kp)) *
+  const std::int64_t slots = std::int64_t(Scheduler::slots_per_head(kp)) *
                              p.heads_q * p.batch;
   if (slots > INT_MAX / 2)  // headroom: a CTA's next slot is computed before the bound test
     throw Error("q: " + std::to_string(slots) +
                 " query tiles (batch x heads x ceil(seqlen_q / 128)) exceed the sm90 forward's "
                 "limit of 2^30");
-  const int units = PersistentTileScheduler::num_units(kp);
+  const int units = Scheduler::num_units(kp);
   if (units == 0) return;
   int device = 0, sms = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));

@@ -35,8 +35,9 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits_>
 struct FwdMainloop {
+  using Traits = Traits_;
   // Ping-pong bookends, called once per CTA by every consumer thread (tid among the 256)
   // before its first tile and after its last (no-ops without ping-pong).
   __device__ static void pingpong_start(int tid) {
