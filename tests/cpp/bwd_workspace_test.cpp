@@ -1,4 +1,4 @@
-// The backward workspace size (src/cuda/common/bwd_params.hpp): the sm80 layout's plain rows,
+// The backward workspace size (src/cuda/bwd_workspace.hpp): the sm80 layout's plain rows,
 // the sm90 layout's whole 64-row query blocks of the padded head dim, and the larger of the two
 // when this build has an sm90 backward for the head dim. Expectations are written out by hand
 // (not by the same formula), so a wrong factor or rounding fails. Host code only: the header
