@@ -9,6 +9,17 @@
 
 namespace flashcpp::detail::cuda {
 
+// One instantiation of a registry: its element type, its (padded) head dim and its entry
+// point. An array of them ends with the sentinel, which keeps it valid in an empty build.
+template <class Entry>
+struct RegistryEntry {
+  ElementType dtype;
+  int head_dim;
+  Entry entry;
+};
+template <class Entry>
+inline constexpr RegistryEntry<Entry> kRegistrySentinel{ElementType::fp32, 0, nullptr};
+
 // "fp16", "bf16", "fp32": kernel names and error messages.
 inline const char* dtype_name(ElementType t) {
   switch (t) {

@@ -13,17 +13,12 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
-struct BwdKernel {
-  ElementType dtype;
-  int head_dim;
-  BwdEntry entry;
-};
+using BwdKernel = RegistryEntry<BwdEntry>;
 
 #define FLASHCPP_SM80_BWD(dtype, hdim) {ElementType::dtype, hdim, &bwd_##dtype##_hdim##hdim},
 inline constexpr BwdKernel kBwdKernels[] = {
 #include "bwd_sm80_registry.inc"
-    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
-};
+    kRegistrySentinel<BwdEntry>};
 #undef FLASHCPP_SM80_BWD
 
 // The smallest instantiation of this dtype whose head dim covers the call's, or null.

@@ -18,17 +18,12 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
-struct FwdKernel {
-  ElementType dtype;
-  int head_dim;
-  FwdEntry entry;
-};
+using FwdKernel = RegistryEntry<FwdEntry>;
 
 #define FLASHCPP_SM80_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
 inline constexpr FwdKernel kFwdKernels[] = {
 #include "fwd_sm80_registry.inc"
-    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
-};
+    kRegistrySentinel<FwdEntry>};
 #undef FLASHCPP_SM80_FWD
 
 // The smallest instantiation of this dtype whose head dim covers the call's (smaller head

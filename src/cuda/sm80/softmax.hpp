@@ -7,6 +7,7 @@
 
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/common/fragment_utils.hpp"
+#include "cuda/common/softmax_finalize.hpp"
 
 namespace flashcpp::detail::cuda {
 
@@ -94,19 +95,10 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises O and returns each row's lse (natural log, scale included) in `lse`.
-  // Rows without a visible key (sum 0) get O = 0 and lse = -inf, never NaN.
+  // Normalises O and returns each row's lse (common/softmax_finalize.hpp).
   template <class TensorO>
   __forceinline__ __device__ void finalize(TensorO& o, float lse_scale, float (&lse)[kRows]) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(row_sum[r]);
-      const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : row_max[r] * lse_scale + logf(sum);
-#pragma unroll
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
-    }
+    finalize_softmax(o, row_max, row_sum, lse_scale, lse);
   }
 };
 

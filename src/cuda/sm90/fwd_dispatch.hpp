@@ -19,17 +19,12 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-struct FwdKernel {
-  ElementType dtype;
-  int head_dim;
-  FwdEntry entry;
-};
+using FwdKernel = RegistryEntry<FwdEntry>;
 
 #define FLASHCPP_SM90_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
 inline constexpr FwdKernel kFwdKernels[] = {
 #include "fwd_sm90_registry.inc"
-    {ElementType::fp32, 0, nullptr}  // sentinel: keeps the array valid in an empty build
-};
+    kRegistrySentinel<FwdEntry>};
 #undef FLASHCPP_SM90_FWD
 
 inline bool any_fwd_built() {
