@@ -10,7 +10,7 @@
 
 namespace flashcpp {
 
-enum class DType : std::uint8_t { fp32, fp16, bf16, int32 };
+enum class DType : std::uint8_t { fp32, fp16, bf16, int32, int64 };
 
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);

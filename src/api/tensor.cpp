@@ -12,6 +12,7 @@ const char* dtype_name(DType dtype) {
     case DType::fp16: return "fp16";
     case DType::bf16: return "bf16";
     case DType::int32: return "int32";
+    case DType::int64: return "int64";
   }
   return "unknown";
 }
@@ -22,6 +23,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::fp16: return 2;
     case DType::bf16: return 2;
     case DType::int32: return 4;
+    case DType::int64: return 8;
   }
   return 0;
 }

@@ -320,4 +320,176 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
   return p;
 }
 
+KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& options,
+                               Backend backend) {
+  const bool paged = t.block_table != nullptr;
+  if ((t.k_new == nullptr) != (t.v_new == nullptr)) fail("k_new and v_new must be given together");
+  const char* cache_layout = paged ? "[num_pages, page_size, Hkv, D]" : "[B, Nmax, Hkv, D]";
+  check_rank(t.q, "q", 4, "[B, Nnew, Hq, D]");
+  check_rank(t.k_cache, "k_cache", 4, cache_layout);
+  check_rank(t.v_cache, "v_cache", 4, paged ? "[num_pages, page_size, Hkv, Dv]" : "[B, Nmax, Hkv, Dv]");
+  check_rank(t.out, "out", 4, "[B, Nnew, Hq, Dv]");
+  const bool cuda = cuda_rules(t.q, backend);
+  check_input_dtype(t.q, cuda);
+  check_same_dtype(t.k_cache, "k_cache", t.q);
+  check_same_dtype(t.v_cache, "v_cache", t.q);
+  check_same_dtype(t.out, "out", t.q);
+  check_same_device(t.k_cache, "k_cache", t.q);
+  check_same_device(t.v_cache, "v_cache", t.q);
+  check_same_device(t.out, "out", t.q);
+
+  const std::int64_t batch = t.q.shape[0], nnew = t.q.shape[1], heads_q = t.q.shape[2];
+  const std::int64_t head_dim = t.q.shape[3];
+  const std::int64_t heads_kv = t.k_cache.shape[2], head_dim_v = t.v_cache.shape[3];
+  if (!paged) check_dim(t.k_cache, "k_cache", 0, batch, "batch size", "q");
+  check_dim(t.k_cache, "k_cache", 3, head_dim, "head dim", "q");
+  for (int d = 0; d < 3; ++d)
+    check_dim(t.v_cache, "v_cache", d, t.k_cache.shape[d],
+              d == 0 ? (paged ? "pages" : "batch size") : d == 1 ? (paged ? "page size" : "capacity") : "kv heads",
+              "k_cache");
+  check_dim(t.out, "out", 0, batch, "batch size", "q");
+  check_dim(t.out, "out", 1, nnew, "new tokens", "q");
+  check_dim(t.out, "out", 2, heads_q, "query heads", "q");
+  check_dim(t.out, "out", 3, head_dim_v, "head dim", "v_cache");
+  check_head_dim(head_dim, "q");
+  check_head_dim(head_dim_v, "v_cache");
+  if (heads_kv <= 0) fail("k_cache: number of kv heads must be positive, got ", heads_kv);
+  if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
+  if (heads_q % heads_kv != 0)
+    fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
+
+  // The cache's capacity per sequence: Nmax, or max_pages_per_seq * page_size.
+  std::int64_t capacity = t.k_cache.shape[1];
+  std::int64_t max_pages = 0;
+  if (paged) {
+    const TensorView& bt = *t.block_table;
+    if (bt.dtype != DType::int32) fail("block_table: expected dtype int32, got ", dtype_name(bt.dtype));
+    check_rank(bt, "block_table", 2, "[B, max_pages_per_seq]");
+    check_same_device(bt, "block_table", t.q);
+    check_dim(bt, "block_table", 0, batch, "batch size", "q");
+    if (bt.shape[1] > 1 && bt.stride[1] != 1)
+      fail("block_table: the page dimension must be contiguous, got stride ", bt.stride[1]);
+    if (!bt.empty() && bt.data == nullptr) fail("block_table: data pointer is null");
+    if (t.k_cache.shape[1] <= 0) fail("k_cache: page size must be positive, got ", t.k_cache.shape[1]);
+    max_pages = bt.shape[1];
+    capacity = max_pages * t.k_cache.shape[1];
+  }
+  if (capacity > INT32_MAX) fail("k_cache: a capacity of ", capacity, " keys exceeds 2^31 - 1");
+
+  const TensorView& lens = t.cache_seqlens;
+  if (lens.dtype != DType::int32)
+    fail("cache_seqlens: expected dtype int32, got ", dtype_name(lens.dtype));
+  check_rank(lens, "cache_seqlens", 1, "[B]");
+  check_same_device(lens, "cache_seqlens", t.q);
+  check_dim(lens, "cache_seqlens", 0, batch, "batch size", "q");
+  if (lens.shape[0] > 1 && lens.stride[0] != 1)
+    fail("cache_seqlens: must be contiguous, got stride ", lens.stride[0]);
+  if (!lens.empty() && lens.data == nullptr) fail("cache_seqlens: data pointer is null");
+
+  if (t.k_new != nullptr) {
+    const struct {
+      const TensorView& t;
+      const char* name;
+      std::int64_t dim;
+      const char* dim_of;
+    } news[] = {{*t.k_new, "k_new", head_dim, "q"}, {*t.v_new, "v_new", head_dim_v, "v_cache"}};
+    for (const auto& n : news) {
+      check_rank(n.t, n.name, 4, "[B, Nnew, Hkv, D]");
+      check_same_dtype(n.t, n.name, t.q);
+      check_same_device(n.t, n.name, t.q);
+      check_dim(n.t, n.name, 0, batch, "batch size", "q");
+      check_dim(n.t, n.name, 1, nnew, "new tokens", "q");
+      check_dim(n.t, n.name, 2, heads_kv, "kv heads", "k_cache");
+      check_dim(n.t, n.name, 3, n.dim, "head dim", n.dim_of);
+      check_memory(n.t, n.name, cuda);
+    }
+    if (nnew > capacity)
+      fail("k_new: ", nnew, " new tokens do not fit in the cache's capacity of ", capacity, " keys");
+  }
+
+  if (t.lse != nullptr) {
+    const TensorView& lse = *t.lse;
+    check_rank(lse, "lse", 3, "[B, Hq, Nnew]");
+    if (lse.dtype != DType::fp32) fail("lse: expected dtype fp32, got ", dtype_name(lse.dtype));
+    check_same_device(lse, "lse", t.q);
+    check_dim(lse, "lse", 0, batch, "batch size", "q");
+    check_dim(lse, "lse", 1, heads_q, "query heads", "q");
+    check_dim(lse, "lse", 2, nnew, "new tokens", "q");
+    check_memory(lse, "lse", false);
+  }
+  check_options(options);
+  for (const auto& [view, name] : {std::pair{&t.q, "q"}, {&t.k_cache, "k_cache"},
+                                   {&t.v_cache, "v_cache"}, {&t.out, "out"}})
+    check_memory(*view, name, cuda);
+
+  // Host-side lengths and pages (CPU tensors): every key a sequence will read lies in the cache.
+  const std::int64_t appended = t.k_new != nullptr ? nnew : 0;
+  if (lens.device.type == DeviceType::cpu && batch > 0) {
+    const auto* l = static_cast<const std::int32_t*>(lens.data);
+    for (std::int64_t b = 0; b < batch; ++b) {
+      if (l[b] < 0) fail("cache_seqlens[", b, "]: must be >= 0, got ", l[b]);
+      if (l[b] + appended > capacity)
+        fail(appended ? "k_new" : "cache_seqlens", ": sequence ", b, " would hold ", l[b] + appended,
+             " keys (cache_seqlens[", b, "] = ", l[b], appended ? " plus the new tokens" : "",
+             "), more than the cache's capacity of ", capacity);
+      if (paged) {
+        const auto* bt = static_cast<const std::int32_t*>(t.block_table->data);
+        const std::int64_t pages = (l[b] + appended + t.k_cache.shape[1] - 1) / t.k_cache.shape[1];
+        for (std::int64_t pg = 0; pg < pages; ++pg) {
+          const std::int32_t page = bt[b * t.block_table->stride[0] + pg];
+          if (page < 0 || page >= t.k_cache.shape[0])
+            fail("block_table[", b, "][", pg, "]: page ", page, " is outside the cache's ",
+                 t.k_cache.shape[0], " pages");
+        }
+      }
+    }
+  }
+
+  KVCacheParams p;
+  p.dtype = element_type(t.q.dtype);
+  p.q = t.q.data;
+  p.k = t.k_cache.data;
+  p.v = t.v_cache.data;
+  p.out = t.out.data;
+  p.lse = t.lse ? static_cast<float*>(t.lse->data) : nullptr;
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.head_dim = static_cast<int>(head_dim);
+  p.head_dim_v = static_cast<int>(head_dim_v);
+  if (nnew > INT32_MAX) fail("q: ", nnew, " new tokens exceed 2^31 - 1");
+  p.seqlen_q = static_cast<int>(nnew);
+  p.seqlen_k = static_cast<int>(capacity);
+  p.q_stride = strides_of(t.q, false);
+  p.k_stride = strides_of(t.k_cache, false);
+  p.v_stride = strides_of(t.v_cache, false);
+  p.out_stride = strides_of(t.out, false);
+  if (t.lse) {
+    p.lse_batch_stride = t.lse->stride[0];
+    p.lse_head_stride = t.lse->stride[1];
+  }
+  p.scale = options.softmax_scale ? *options.softmax_scale
+                                  : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.softcap = options.softcap;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;
+  p.causal = p.window_left < 0 && p.window_right == 0;
+  p.device = t.q.device.index;
+  p.num_splits = options.num_splits;
+  p.cache_seqlens = static_cast<const std::int32_t*>(lens.data);
+  if (paged) {
+    p.block_table = static_cast<const std::int32_t*>(t.block_table->data);
+    p.block_table_stride = t.block_table->stride[0];
+    p.page_size = static_cast<int>(t.k_cache.shape[1]);
+    p.num_pages = static_cast<int>(t.k_cache.shape[0]);
+  }
+  if (t.k_new) {
+    p.k_new = t.k_new->data;
+    p.v_new = t.v_new->data;
+    p.k_new_stride = strides_of(*t.k_new, false);
+    p.v_new_stride = strides_of(*t.v_new, false);
+  }
+  return p;
+}
+
 }  // namespace flashcpp::detail

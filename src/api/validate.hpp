@@ -4,6 +4,7 @@
 // argument; does no work on the tensors' data except reading host-side cu_seqlens.
 #include "common/params.hpp"
 #include "flashcpp/attention.hpp"
+#include "flashcpp/kvcache.hpp"
 
 namespace flashcpp::detail {
 
@@ -37,5 +38,10 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
                                Backend backend);
 BackwardParams validate_backward(const BackwardTensors& t, const AttentionOptions& options,
                                  Backend backend);
+// On the CPU the lengths and the block table are host memory and are checked too (every
+// length plus the appended rows within the capacity, every page of a sequence's keys in
+// range); on CUDA they are device memory and are never read on the host.
+KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& options,
+                               Backend backend);
 
 }  // namespace flashcpp::detail

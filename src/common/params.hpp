@@ -63,4 +63,23 @@ struct BackwardParams : ForwardParams {
   bool deterministic = false;
 };
 
+// Attention against a KV cache (flashcpp/kvcache.hpp). The ForwardParams part describes q,
+// out, lse and the caches as k and v: seqlen_q is Nnew and seqlen_k the capacity of one
+// sequence; for a paged cache k_stride.batch / v_stride.batch step from page to page.
+struct KVCacheParams : ForwardParams {
+  const std::int32_t* cache_seqlens = nullptr;  // [B]: keys held before the call
+  // Paged when non-null: block_table[b * block_table_stride + p] is page p of sequence b.
+  const std::int32_t* block_table = nullptr;
+  std::int64_t block_table_stride = 0;
+  int page_size = 0;  // keys per page (paged); 0 for a contiguous cache
+  int num_pages = 0;  // pages in the pool (paged)
+  // Appended when non-null: [B, Nnew, Hkv, D|Dv], written at rows cache_seqlens[b]...
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  Strides k_new_stride, v_new_stride;
+
+  bool paged() const { return block_table != nullptr; }
+  bool appends() const { return k_new != nullptr; }
+};
+
 }  // namespace flashcpp::detail

@@ -13,6 +13,10 @@ void reference_backward(const BackwardParams& params);
 void tiled_forward(const ForwardParams& params);
 void tiled_backward(const BackwardParams& params);
 
+// Attention against a KV cache (host memory): appends k_new / v_new into the cache, then runs
+// each sequence over its keys with the float64 reference (`reference`) or the tiled backend.
+void kvcache_forward(const KVCacheParams& params, bool reference);
+
 // Name of the kernel tiled_forward runs, for RunInfo ("cpu_tiled_openblas", ...).
 const char* tiled_kernel_name();
 

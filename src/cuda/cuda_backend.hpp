@@ -27,4 +27,10 @@ Plan plan_backward(const BackwardParams& params, Backend requested);
 RunInfo run_backward(const Plan& plan, const BackwardParams& params, Stream stream,
                      Workspace workspace);
 
+// Attention against a KV cache: the plan depends on the shapes only (never on the lengths or
+// the block table, which stay on the device), so the run can be captured and replayed.
+Plan plan_kvcache(const KVCacheParams& params, Backend requested);
+RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream,
+                    Workspace workspace);
+
 }  // namespace flashcpp::detail::cuda
