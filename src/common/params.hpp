@@ -78,8 +78,8 @@ struct KVCacheParams : ForwardParams {
   const void* v_new = nullptr;
   Strides k_new_stride, v_new_stride;
 
-  bool paged() const { return block_table != nullptr; }
-  bool appends() const { return k_new != nullptr; }
+  FLASHCPP_HOST_DEVICE bool paged() const { return block_table != nullptr; }
+  FLASHCPP_HOST_DEVICE bool appends() const { return k_new != nullptr; }
 };
 
 }  // namespace flashcpp::detail

@@ -16,8 +16,10 @@
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/sm80/bwd_dispatch.hpp"
+#include "cuda/sm80/decode_dispatch.hpp"
 #include "cuda/sm80/fwd_dispatch.hpp"
 #include "cuda/sm90/bwd_dispatch.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
@@ -153,9 +155,10 @@ Plan plan_sm80_forward(const ForwardParams& p) {
   return plan;
 }
 
-// Softmax scales folded on the host (shared by every forward kernel): exp2 takes
+// Softmax scales folded on the host (shared by every forward and decode kernel): exp2 takes
 // s * scale_log2 - max * scale_log2; with softcap, tanh already consumed scale / softcap.
-void fold_scales(FwdKernelParams& kp) {
+template <class KernelParams>
+void fold_scales(KernelParams& kp) {
   if (kp.p.softcap > 0.f) {
     kp.softcap_in_scale = kp.p.scale / kp.p.softcap;
     kp.lse_scale = kp.p.softcap;
@@ -208,6 +211,14 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm80, sm80::fwd_kernel_name(kernel, splits > 1), splits};
+}
+
+// ---- KV-cache decode ----
+
+std::size_t decode_workspace_bytes(const KVCacheParams& p, int splits) {
+  if (splits <= 1) return 0;
+  const std::size_t rows = std::size_t(splits) * p.batch * p.heads_q * p.seqlen_q;
+  return rows * (std::size_t(p.head_dim_v) + 1) * sizeof(float);
 }
 
 // ---- backward ----
@@ -296,6 +307,55 @@ RunInfo run_forward(const Plan& plan, const ForwardParams& params, Stream stream
                     Workspace workspace) {
   if (plan.backend == Backend::cuda_sm90) return run_sm90_forward(plan, params, stream);
   return run_sm80_forward(plan, params, stream, workspace);
+}
+
+Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
+  const DeviceInfo& dev = checked_device(params.device, requested);
+  // The decode kernel is an sm80-family kernel (it carries sm_90 SASS): it serves explicit
+  // cuda_sm90 requests too, as the sm80 forward does for what sm90a does not cover.
+  const sm80::DecodeKernel& k = sm80::decode_kernel_for(params);
+  Plan plan;
+  plan.backend = Backend::cuda_sm80;
+  plan.kernel_index = int(&k - sm80::kDecodeKernels);
+  plan.splits_optional = params.num_splits <= 0;
+  plan.num_splits = plan.splits_optional
+                        ? sm80::decode_splits(params, decode_tile(k.head_dim), dev.sm_count)
+                        : params.num_splits;
+  plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
+  plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
+  return plan;
+}
+
+RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream,
+                    Workspace workspace) {
+  if (params.batch == 0 || params.seqlen_q == 0) return plan.run_info();
+  const sm80::DecodeKernel& kernel = sm80::kDecodeKernels[plan.kernel_index];
+  int splits = plan.num_splits;
+  if (splits > 1) {
+    const std::size_t need = plan.workspace_bytes;
+    // Without workspace for the heuristic's splits run unsplit (same result), as the forward.
+    if (plan.splits_optional &&
+        (workspace.data == nullptr || workspace.bytes < need ||
+         reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0))
+      splits = 1;
+    else
+      check_workspace(workspace, need, " for " + std::to_string(splits) + " splits");
+  }
+  KVCacheKernelParams kp;
+  kp.p = params;
+  kp.group = params.heads_q / params.heads_kv;
+  kp.rows = sm80::decode_rows(params);
+  kp.num_m_tiles = sm80::decode_m_tiles(params);
+  kp.num_splits = splits;
+  if (splits > 1) {
+    kp.o_accum = static_cast<float*>(workspace.data);
+    kp.lse_accum = kp.o_accum + std::size_t(splits) * params.batch * params.heads_q *
+                                    params.seqlen_q * params.head_dim_v;
+  }
+  fold_scales(kp);
+  launch_on_device(params.device,
+                   [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
+  return {Backend::cuda_sm80, sm80::decode_kernel_name(kernel, splits > 1), splits};
 }
 
 std::size_t backward_workspace_bytes(const ForwardParams& params) {

@@ -1,0 +1,48 @@
+#pragma once
+// Appends k_new / v_new into the cache: row t of sequence b goes to key cache_seqlens[b] + t.
+// One warp per (sequence, new token, kv head), 16-byte vectors along the head dim. Rows that
+// would land past the capacity or on an out-of-range page are dropped (kvcache_layout.hpp).
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/kvcache_kernel_params.hpp"
+#include "cuda/common/kvcache_layout.hpp"
+
+namespace flashcpp::detail::cuda {
+
+inline constexpr int kAppendWarps = 4;
+
+template <class Element>
+__device__ __forceinline__ void copy_row(Element* dst, const Element* src, int dim, int lane) {
+  for (int c = lane; c * 8 < dim; c += 32)
+    reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
+}
+
+template <class Element>
+__global__ void __launch_bounds__(kAppendWarps * 32)
+    kvcache_append_kernel(const __grid_constant__ KVCacheKernelParams kp) {
+  const KVCacheParams& p = kp.p;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kAppendWarps + threadIdx.x / 32;
+  if (row >= std::int64_t(p.batch) * p.seqlen_q * p.heads_kv) return;
+  const int head = int(row % p.heads_kv);
+  const int t = int(row / p.heads_kv % p.seqlen_q);
+  const int b = int(row / (std::int64_t(p.heads_kv) * p.seqlen_q));
+  const std::int64_t key = std::int64_t(p.cache_seqlens[b]) + t;
+  if (key < 0 || key >= p.seqlen_k) return;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t k_at = cache_offset(p, p.k_stride, b, int(key), head);
+  const std::int64_t v_at = cache_offset(p, p.v_stride, b, int(key), head);
+  if (k_at < 0 || v_at < 0) return;
+  const auto src = [&](const void* base, const Strides& s) {
+    return static_cast<const Element*>(base) + b * s.batch + std::int64_t(t) * s.row +
+           std::int64_t(head) * s.head;
+  };
+  // The caches are the caller's writable views; ForwardParams only types them as inputs.
+  copy_row(static_cast<Element*>(const_cast<void*>(p.k)) + k_at, src(p.k_new, p.k_new_stride),
+           p.head_dim, lane);
+  copy_row(static_cast<Element*>(const_cast<void*>(p.v)) + v_at, src(p.v_new, p.v_new_stride),
+           p.head_dim_v, lane);
+}
+
+}  // namespace flashcpp::detail::cuda

@@ -1,0 +1,68 @@
+#pragma once
+// Host side of the KV-cache decode seen by the planner (cuda_backend.cu): which
+// instantiations this build has, the split count and the kernel names reported in RunInfo.
+// Not covered: head_dim_v != head_dim and dtypes other than fp16/bf16 (clear errors).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "cuda/common/intern_name.hpp"
+#include "cuda/common/kernel_registry.hpp"
+#include "cuda/sm80/decode_registry.hpp"
+#include "cuda/sm80/decode_tile_table.hpp"
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+using DecodeKernel = RegistryEntry<DecodeEntry>;
+
+#define FLASHCPP_SM80_DECODE(dtype, hdim) {ElementType::dtype, hdim, &decode_##dtype##_hdim##hdim},
+inline constexpr DecodeKernel kDecodeKernels[] = {
+#include "decode_sm80_registry.inc"
+    kRegistrySentinel<DecodeEntry>};
+#undef FLASHCPP_SM80_DECODE
+
+inline const DecodeKernel& decode_kernel_for(const KVCacheParams& p) {
+  if (p.head_dim_v != p.head_dim)
+    throw Error("cuda kvcache: head_dim_v (" + std::to_string(p.head_dim_v) +
+                ") different from head_dim (" + std::to_string(p.head_dim) +
+                ") is not supported yet");
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16)
+    throw Error(std::string("cuda kvcache: dtype ") + dtype_name(p.dtype) +
+                " is not supported (supported: fp16, bf16)");
+  const DecodeKernel* k = smallest_covering(kDecodeKernels, p.dtype, p.head_dim);
+  if (!k)
+    throw Error("cuda kvcache: no decode kernel for head dim " + std::to_string(p.head_dim) + " " +
+                dtype_name(p.dtype) + " in this build (built head dims for " + dtype_name(p.dtype) +
+                ": " + built_head_dims(kDecodeKernels, p.dtype) +
+                "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
+  return *k;
+}
+
+inline int decode_rows(const KVCacheParams& p) { return p.seqlen_q * (p.heads_q / p.heads_kv); }
+inline int decode_m_tiles(const KVCacheParams& p) {
+  return (decode_rows(p) + kDecodeRows - 1) / kDecodeRows;
+}
+
+// Splits that fill the GPU with one wave of CTAs (one CTA per SM: a CTA keeps `stages` K/V
+// blocks in flight, enough bytes to cover the memory latency), each split still left with
+// a few key blocks of the capacity. Decided from shapes only: the lengths live on the device.
+inline int decode_splits(const KVCacheParams& p, const DecodeTile& t, int sm_count) {
+  const std::int64_t ctas = std::int64_t(p.batch) * p.heads_kv * decode_m_tiles(p);
+  if (ctas <= 0 || ctas >= sm_count) return 1;
+  const std::int64_t blocks = (std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n;
+  const std::int64_t by_blocks = std::max<std::int64_t>(1, blocks / 4);
+  return int(std::min<std::int64_t>({sm_count / ctas, by_blocks, 128}));
+}
+
+// RunInfo::kernel, e.g. "sm80_decode_bf16_hdim128_16x64_s4_splitkv".
+inline const char* decode_kernel_name(const DecodeKernel& k, bool split) {
+  const DecodeTile t = decode_tile(k.head_dim);
+  return intern_name(std::string("sm80_decode_") + dtype_name(k.dtype) + "_hdim" +
+                     std::to_string(k.head_dim) + "_" + std::to_string(kDecodeRows) + "x" +
+                     std::to_string(t.block_n) + "_s" + std::to_string(t.stages) +
+                     (split ? "_splitkv" : ""));
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

@@ -1,0 +1,282 @@
+#pragma once
+// The KV-cache decode kernel (sm80 mma.sync; runs on sm80 and newer). One CTA per (sequence,
+// kv head, split, 16-row tile), where a row is a (new token, query head of the group) pair:
+// GQA's query heads share every K/V load, and the rows are token-major so the bottom-right
+// causal rule still sees token order.
+//   scheduler  blockIdx: x = batch * Hkv + kv head, y = split, z = row tile; a split owns an
+//              equal share of the key blocks its rows see, from the sequence's real length
+//              (read on the device, never planned from it);
+//   mainloop   K/V blocks of block_n keys stream through `stages` cp.async buffers (zero-filled
+//              past the length, on unused pages and in the head-dim padding, so no garbage is
+//              ever multiplied); each of the 4 warps takes 16 keys of a block: S = Q K^T and
+//              O += P V on mma.sync m16n8k16, with its own online softmax;
+//   epilogue   the warps' (max, sum, O) are merged through shared memory; O and lse go to
+//              the output, or, split, to the workspace for the combine kernel.
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "cuda/common/fast_exp2.hpp"
+#include "cuda/common/kvcache_kernel_params.hpp"
+#include "cuda/common/kvcache_layout.hpp"
+#include "cuda/sm80/decode_tile_table.hpp"
+#include "cuda/sm80/mma_ptx.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+template <class Element_, int kHeadDim_>
+struct DecodeTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr DecodeTile kTile = decode_tile(kHeadDim);
+  static_assert(kTile.head_dim == kHeadDim, "decode instantiations use the tile table's head dims");
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kThreads = kDecodeWarps * 32;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kSmemBytes = decode_smem_bytes(kTile, int(sizeof(Element)));
+  static_assert(kBlockN == 16 * kDecodeWarps, "each warp takes 16 keys of a block");
+  static_assert(kChunks >= 8, "the swizzle permutes 8 chunks");
+  // The epilogue's merge buffer (fp32 O of every warp) reuses the K/V stages.
+  static_assert(kDecodeWarps * kDecodeRows * kHeadDim * 4 <=
+                2 * kStages * kBlockN * kHeadDim * int(sizeof(Element)));
+};
+
+// Element index of 16-byte chunk `chunk` of row `row` in a [rows][kChunks * 8] tile. Chunks are
+// XOR-swizzled by row % 8, so the 8 rows one ldmatrix reads sit in 8 different bank groups.
+template <int kChunks>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return (row * kChunks + (chunk ^ (row & 7))) * 8;
+}
+
+__device__ __forceinline__ float quad_max4(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum4(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <class Traits, bool kSoftcap>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim, BN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int C = Traits::kChunks;
+  const KVCacheParams& p = kp.p;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* s_q = reinterpret_cast<Element*>(smem_raw);  // [16][D]
+  Element* s_k = s_q + kDecodeRows * D;                 // [stages][BN][D]
+  Element* s_v = s_k + kStages * BN * D;
+
+  const int head_kv = int(blockIdx.x % unsigned(p.heads_kv));
+  const int b = int(blockIdx.x / unsigned(p.heads_kv));
+  const int split = blockIdx.y;
+  const int row0 = blockIdx.z * kDecodeRows;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, tq = lane % 4;
+
+  // ---- scheduler: the key blocks of this CTA ----
+  const int n_keys = kvcache_keys(p, b);
+  const int rows_here = min(kDecodeRows, kp.rows - row0);
+  const int t_first = row0 / kp.group, t_last = (row0 + rows_here - 1) / kp.group;
+  const WindowMask mask(p.seqlen_q, n_keys, p.window_left, p.window_right);
+  // The rule's key ranges never move back from one token to the next: [first.begin, last.end)
+  // holds every key some row sees, [last.begin, first.end) those every row sees.
+  const KeyRange first = mask.keys(t_first), last = mask.keys(t_last);
+  const int visible_begin = int(first.begin) / BN;
+  const int visible_end = first.begin < last.end ? int((last.end + BN - 1) / BN) : visible_begin;
+  const int per_split = (visible_end - visible_begin + kp.num_splits - 1) / kp.num_splits;
+  const int blk_begin = min(visible_end, visible_begin + split * per_split);
+  const int blk_end = min(visible_end, blk_begin + per_split);
+
+  // ---- loads (cp.async, zero fill where nothing may be read) ----
+  const Element* q = static_cast<const Element*>(p.q);
+  for (int i = tid; i < kDecodeRows * C; i += Traits::kThreads) {
+    const int r = i / C, c = i % C, row = row0 + r;
+    const int t = row / kp.group, h = head_kv * kp.group + row % kp.group;
+    const bool ok = r < rows_here && c * 8 < p.head_dim;
+    const Element* src = ok ? q + b * p.q_stride.batch + std::int64_t(t) * p.q_stride.row +
+                                  std::int64_t(h) * p.q_stride.head + c * 8
+                            : q;
+    cp_async_16(s_q + swizzled<C>(r, c), src, ok);
+  }
+  const Element* k_cache = static_cast<const Element*>(p.k);
+  const Element* v_cache = static_cast<const Element*>(p.v);
+  const auto load_block = [&](int blk, int stage) {
+    Element* sk = s_k + stage * BN * D;
+    Element* sv = s_v + stage * BN * D;
+    for (int i = tid; i < BN * C; i += Traits::kThreads) {
+      const int r = i / C, c = i % C, key = blk * BN + r;
+      std::int64_t k_at = -1, v_at = -1;
+      if (key < n_keys) {
+        k_at = cache_offset(p, p.k_stride, b, key, head_kv);
+        v_at = cache_offset(p, p.v_stride, b, key, head_kv);
+      }
+      const bool k_ok = k_at >= 0 && c * 8 < p.head_dim;
+      const bool v_ok = v_at >= 0 && c * 8 < p.head_dim_v;
+      cp_async_16(sk + swizzled<C>(r, c), k_ok ? k_cache + k_at + c * 8 : k_cache, k_ok);
+      cp_async_16(sv + swizzled<C>(r, c), v_ok ? v_cache + v_at + c * 8 : v_cache, v_ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (blk_begin + s < blk_end) load_block(blk_begin + s, s);
+    cp_async_commit();  // one group per stage, empty or not, so the waits count alike
+  }
+
+  // ---- mainloop ----
+  float acc_o[D / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  std::uint32_t q_frag[D / 16][4];
+  // Keys every row sees in full: blocks inside need no element mask.
+  const std::int64_t full_begin = last.begin, full_end = first.end;
+  for (int blk = blk_begin; blk < blk_end; ++blk) {
+    const int it = blk - blk_begin;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // block `blk` landed for every thread; stage (it - 1) % kStages is free
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int m = lane / 8;
+        ldmatrix_x4(q_frag[kk], s_q + swizzled<C>((m % 2) * 8 + lane % 8, kk * 2 + m / 2));
+      }
+    }
+    if (blk + kStages - 1 < blk_end) load_block(blk + kStages - 1, (it + kStages - 1) % kStages);
+    cp_async_commit();
+
+    const Element* sk = s_k + (it % kStages) * BN * D;
+    const Element* sv = s_v + (it % kStages) * BN * D;
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t kf[4];
+      const int m = lane / 8;
+      ldmatrix_x4(kf, sk + swizzled<C>(warp * 16 + (m / 2) * 8 + lane % 8, kk * 2 + m % 2));
+      mma_16816<Element>(s[0], q_frag[kk], kf[0], kf[1]);
+      mma_16816<Element>(s[1], q_frag[kk], kf[2], kf[3]);
+    }
+    if constexpr (kSoftcap) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = tanhf(s[n][e] * kp.softcap_in_scale);
+    }
+    const int key0 = blk * BN + warp * 16;
+    if (blk * BN < full_begin || (blk + 1) * BN > full_end || (blk + 1) * BN > n_keys) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + g + (e >= 2 ? 8 : 0);
+          const int key = key0 + n * 8 + 2 * tq + (e & 1);
+          if (key >= n_keys || !mask.visible(row / kp.group, key)) s[n][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax of the thread's two rows (g and g + 8), stats shared across the quad.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float block_max =
+          quad_max4(fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+      const float m = fmaxf(row_max[r], block_max);
+      // A row that has seen no visible key keeps max -inf: offset 0 keeps exp2 at 0, not NaN.
+      const float m_scaled = m == -INFINITY ? 0.f : m * kp.scale_log2;
+      const float rescale = fast_exp2(row_max[r] * kp.scale_log2 - m_scaled);
+      row_max[r] = m;
+      row_sum[r] *= rescale;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc_o[n][2 * r] *= rescale;
+        acc_o[n][2 * r + 1] *= rescale;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[n][e] = fast_exp2(s[n][e] * kp.scale_log2 - m_scaled);
+          row_sum[r] += s[n][e];
+        }
+    }
+    // P as the A operand of P V: the S accumulators of two n8 tiles are one k16 A tile.
+    const std::uint32_t p_frag[4] = {pack2<Element>(s[0][0], s[0][1]), pack2<Element>(s[0][2], s[0][3]),
+                                     pack2<Element>(s[1][0], s[1][1]), pack2<Element>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dd = 0; dd < D / 16; ++dd) {
+      std::uint32_t vf[4];
+      const int m = lane / 8;
+      ldmatrix_x4_trans(vf, sv + swizzled<C>(warp * 16 + (m % 2) * 8 + lane % 8, dd * 2 + m / 2));
+      mma_16816<Element>(acc_o[2 * dd], p_frag, vf[0], vf[1]);
+      mma_16816<Element>(acc_o[2 * dd + 1], p_frag, vf[2], vf[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: the merge buffers reuse them
+
+  // ---- epilogue: merge the warps' softmax states, then store ----
+  float* merge_o = reinterpret_cast<float*>(s_k);  // [warp][16][D]
+  __shared__ float merge_max[kDecodeWarps][kDecodeRows], merge_sum[kDecodeWarps][kDecodeRows];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum4(row_sum[r]);
+  if (tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      merge_max[warp][g + 8 * r] = row_max[r];
+      merge_sum[warp][g + 8 * r] = row_sum[r];
+    }
+  }
+  __syncthreads();
+  // A row's common offset over the warps, and each warp's weight exp2(max_w - max).
+  const auto row_offset = [&](int row) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, merge_max[w][row]);
+    return m;
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    const float m = row_offset(row);
+    const float weight = m == -INFINITY ? 0.f : fast_exp2((row_max[r] - m) * kp.scale_log2);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int col = n * 8 + 2 * tq;
+      merge_o[(warp * kDecodeRows + row) * D + col] = acc_o[n][2 * r] * weight;
+      merge_o[(warp * kDecodeRows + row) * D + col + 1] = acc_o[n][2 * r + 1] * weight;
+    }
+  }
+  __syncthreads();
+
+  const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
+    const int r = i / D, col = i % D;
+    if (col >= p.head_dim_v) continue;
+    const float m = row_offset(r);
+    float sum = 0.f, o = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        if (merge_max[w][r] != -INFINITY)
+          sum += merge_sum[w][r] * fast_exp2((merge_max[w][r] - m) * kp.scale_log2);
+        o += merge_o[(w * kDecodeRows + r) * D + col];
+      }
+    }
+    const bool empty = !(sum > 0.f);
+    o = empty ? 0.f : o / sum;
+    const float lse = empty ? -INFINITY : m * kp.lse_scale + logf(sum);
+    const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
+    if (kp.num_splits > 1) {
+      const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
+      kp.o_accum[(split * rows_per_split + row_id) * p.head_dim_v + col] = o;
+      if (col == 0) kp.lse_accum[split * rows_per_split + row_id] = lse;
+    } else {
+      static_cast<Element*>(p.out)[b * p.out_stride.batch + std::int64_t(t) * p.out_stride.row +
+                                   std::int64_t(h) * p.out_stride.head + col] = Element(o);
+      if (col == 0 && p.lse != nullptr)
+        p.lse[b * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + t] = lse;
+    }
+  }
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

@@ -1,0 +1,56 @@
+#pragma once
+// Host side of one KV-cache decode instantiation: the append (when k_new is given), the decode
+// kernel and, for split calls, the combine. Included only by the generated per-instantiation
+// translation units.
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/kvcache_append.hpp"
+#include "cuda/common/split_kv_combine.hpp"
+#include "cuda/sm80/decode_kernel.hpp"
+#include "flashcpp/error.hpp"
+
+namespace flashcpp::detail::cuda::sm80 {
+
+template <class Element, int kHeadDim>
+void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
+  using Traits = DecodeTraits<Element, kHeadDim>;
+  const KVCacheParams& p = kp.p;
+  if (p.appends()) {
+    const std::int64_t rows = std::int64_t(p.batch) * p.seqlen_q * p.heads_kv;
+    const std::int64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
+    if (blocks > INT_MAX) throw Error("k_new: " + std::to_string(rows) + " rows exceed the append's grid");
+    kvcache_append_kernel<Element><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
+    FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  }
+  const auto kernel = kp.softcap_in_scale != 0.f ? &decode_kernel<Traits, true>
+                                                 : &decode_kernel<Traits, false>;
+  constexpr int smem = Traits::kSmemBytes;
+  if constexpr (smem > 48 * 1024)
+    FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const std::int64_t seq_heads = std::int64_t(p.batch) * p.heads_kv;
+  if (seq_heads > INT_MAX || kp.num_splits > 65535 || kp.num_m_tiles > 65535)
+    throw Error("q: batch x kv heads, splits or row tiles exceed the decode kernel's grid");
+  const dim3 grid(unsigned(seq_heads), unsigned(kp.num_splits), unsigned(kp.num_m_tiles));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(kp);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  if (kp.num_splits > 1) {
+    // The forward's combine merges the same [split, b, h, row, Dv] partials.
+    FwdKernelParams fk;
+    fk.p = p;
+    fk.num_splits = kp.num_splits;
+    fk.o_accum = kp.o_accum;
+    fk.lse_accum = kp.lse_accum;
+    const std::int64_t rows = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+    const std::int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+    if (blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
+    fwd_combine_kernel<Element><<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(fk);
+    FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace flashcpp::detail::cuda::sm80

@@ -1,0 +1,45 @@
+#pragma once
+// The one tile table of the KV-cache decode kernel (sm80 mma.sync; it runs on Ampere, Ada and
+// Hopper), read by the host (shared memory, split count, kernel name, which head dims get a
+// TU) and by the device code.
+//
+// Decode reads every key and value once and does little arithmetic on them, so the tile is
+// shaped for memory bandwidth: a CTA owns one (sequence, kv head, split) and 16 rows of
+// (new token, query head of the group) pairs (the whole group of GQA shares each K/V load);
+// its 4 warps share each block of block_n keys (16 keys each) and combine their softmax
+// states at the end. `stages` K/V blocks are in flight (cp.async), enough bytes per SM to
+// cover the memory latency with one CTA per SM.
+// Host constexpr only.
+
+namespace flashcpp::detail::cuda {
+
+struct DecodeTile {
+  int head_dim;  // the instantiated (padded) head dim
+  int block_n;   // keys per pipeline stage (16 per warp)
+  int stages;    // K/V stages in shared memory
+};
+
+inline constexpr int kDecodeRows = 16;  // rows per CTA: one mma.sync m16 tile
+inline constexpr int kDecodeWarps = 4;
+
+inline constexpr DecodeTile kDecodeTiles[] = {
+    {64, 64, 4},
+    {128, 64, 4},
+    {256, 64, 2},
+};
+
+constexpr DecodeTile decode_tile(int head_dim) {
+  for (const DecodeTile& t : kDecodeTiles)
+    if (t.head_dim >= head_dim) return t;
+  return {0, 0, 0};
+}
+
+// Q (16 rows) plus stages x (K + V) blocks.
+constexpr int decode_smem_bytes(DecodeTile t, int element_bytes) {
+  return (kDecodeRows + 2 * t.stages * t.block_n) * t.head_dim * element_bytes;
+}
+
+static_assert(decode_smem_bytes(decode_tile(128), 2) <= 163 * 1024);
+static_assert(decode_smem_bytes(decode_tile(256), 2) <= 163 * 1024);
+
+}  // namespace flashcpp::detail::cuda
