@@ -15,13 +15,19 @@ __device__ __forceinline__ int cache_page(const KVCacheParams& p, int b, int key
   return page >= 0 && page < p.num_pages ? page : -1;
 }
 
-// Element offset of the row, or -1 for a key on an out-of-range page.
+// Element offset of key `key` (kv head `head`) of sequence b, given its page from cache_page
+// (ignored for a contiguous cache).
+__device__ __forceinline__ std::int64_t kvcache_row_offset(const KVCacheParams& p, const Strides& s,
+                                                           int b, int page, int key, int head) {
+  if (!p.paged()) return b * s.batch + std::int64_t(key) * s.row + std::int64_t(head) * s.head;
+  return page * s.batch + std::int64_t(key % p.page_size) * s.row + std::int64_t(head) * s.head;
+}
+
+// The same in one step, or -1 for a key on an out-of-range page.
 __device__ __forceinline__ std::int64_t cache_offset(const KVCacheParams& p, const Strides& s,
                                                      int b, int key, int head) {
-  if (!p.paged()) return b * s.batch + std::int64_t(key) * s.row + std::int64_t(head) * s.head;
-  const int page = cache_page(p, b, key);
-  if (page < 0) return -1;
-  return page * s.batch + std::int64_t(key % p.page_size) * s.row + std::int64_t(head) * s.head;
+  const int page = p.paged() ? cache_page(p, b, key) : 0;
+  return page < 0 ? -1 : kvcache_row_offset(p, s, b, page, key, head);
 }
 
 // The keys sequence b attends over: its cached keys plus the appended ones, clamped to the

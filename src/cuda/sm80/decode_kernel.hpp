@@ -59,7 +59,7 @@ __device__ __forceinline__ float quad_sum4(float x) {
 }
 
 template <class Traits, bool kSoftcap>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim, BN = Traits::kBlockN, kStages = Traits::kStages;
@@ -104,20 +104,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   const Element* k_cache = static_cast<const Element*>(p.k);
   const Element* v_cache = static_cast<const Element*>(p.v);
+  // Each thread copies one 16-byte chunk column of kRowsPerThread rows of a block: the rows'
+  // addresses (and, paged, their block-table entries) are all looked up before the first
+  // copy is issued, so the lookups' latencies overlap instead of adding up.
+  constexpr int kRowStep = Traits::kThreads / C;
+  constexpr int kRowsPerThread = BN / kRowStep;
+  static_assert(Traits::kThreads % C == 0 && BN % kRowStep == 0);
+  const int chunk = tid % C, row_in_block = tid / C;
+  const bool k_col = chunk * 8 < p.head_dim, v_col = chunk * 8 < p.head_dim_v;
   const auto load_block = [&](int blk, int stage) {
+    std::int64_t k_at[kRowsPerThread], v_at[kRowsPerThread];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int key = blk * BN + row_in_block + j * kRowStep;
+      k_at[j] = v_at[j] = -1;
+      if (key < n_keys) {
+        const int page = p.paged() ? cache_page(p, b, key) : 0;
+        if (page >= 0) {
+          k_at[j] = kvcache_row_offset(p, p.k_stride, b, page, key, head_kv);
+          v_at[j] = kvcache_row_offset(p, p.v_stride, b, page, key, head_kv);
+        }
+      }
+    }
     Element* sk = s_k + stage * BN * D;
     Element* sv = s_v + stage * BN * D;
-    for (int i = tid; i < BN * C; i += Traits::kThreads) {
-      const int r = i / C, c = i % C, key = blk * BN + r;
-      std::int64_t k_at = -1, v_at = -1;
-      if (key < n_keys) {
-        k_at = cache_offset(p, p.k_stride, b, key, head_kv);
-        v_at = cache_offset(p, p.v_stride, b, key, head_kv);
-      }
-      const bool k_ok = k_at >= 0 && c * 8 < p.head_dim;
-      const bool v_ok = v_at >= 0 && c * 8 < p.head_dim_v;
-      cp_async_16(sk + swizzled<C>(r, c), k_ok ? k_cache + k_at + c * 8 : k_cache, k_ok);
-      cp_async_16(sv + swizzled<C>(r, c), v_ok ? v_cache + v_at + c * 8 : v_cache, v_ok);
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = row_in_block + j * kRowStep;
+      const bool k_ok = k_at[j] >= 0 && k_col, v_ok = v_at[j] >= 0 && v_col;
+      cp_async_16(sk + swizzled<C>(r, chunk), k_ok ? k_cache + k_at[j] + chunk * 8 : k_cache, k_ok);
+      cp_async_16(sv + swizzled<C>(r, chunk), v_ok ? v_cache + v_at[j] + chunk * 8 : v_cache, v_ok);
     }
   };
 #pragma unroll

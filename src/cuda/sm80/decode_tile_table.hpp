@@ -14,24 +14,25 @@
 namespace flashcpp::detail::cuda {
 
 struct DecodeTile {
-  int head_dim;  // the instantiated (padded) head dim
-  int block_n;   // keys per pipeline stage (16 per warp)
-  int stages;    // K/V stages in shared memory
+  int head_dim;     // the instantiated (padded) head dim
+  int block_n;      // keys per pipeline stage (16 per warp)
+  int stages;       // K/V stages in shared memory
+  int ctas_per_sm;  // resident CTAs per SM the kernel is built for (__launch_bounds__)
 };
 
 inline constexpr int kDecodeRows = 16;  // rows per CTA: one mma.sync m16 tile
 inline constexpr int kDecodeWarps = 4;
 
 inline constexpr DecodeTile kDecodeTiles[] = {
-    {64, 64, 4},
-    {128, 64, 4},
-    {256, 64, 2},
+    {64, 64, 4, 1},
+    {128, 64, 4, 1},
+    {256, 64, 2, 1},
 };
 
 constexpr DecodeTile decode_tile(int head_dim) {
   for (const DecodeTile& t : kDecodeTiles)
     if (t.head_dim >= head_dim) return t;
-  return {0, 0, 0};
+  return {0, 0, 0, 0};
 }
 
 // Q (16 rows) plus stages x (K + V) blocks.
