@@ -7,6 +7,8 @@
 
 namespace flashcpp::detail::cpu {
 
+inline std::int64_t element_bytes(ElementType type) { return type == ElementType::fp32 ? 4 : 2; }
+
 inline float load_element(const void* base, ElementType type, std::int64_t index) {
   switch (type) {
     case ElementType::fp16:

@@ -85,6 +85,8 @@ class HostTensor {
     return n;
   }
   void* data() { return storage_.empty() ? nullptr : storage_.data(); }
+  // Bytes of storage, gaps of strided layouts included (what a device copy must hold).
+  std::size_t bytes() const { return storage_.size(); }
 
   TensorView view() {
     TensorView v;
@@ -284,6 +286,68 @@ inline std::string describe(const ErrorStats& s) {
   return "max_abs=" + std::to_string(s.max_abs) + " rel_l2=" + std::to_string(s.rel_l2) +
          " ref_max=" + std::to_string(s.ref_max) + " non_finite=" + std::to_string(s.non_finite) +
          " worst_index=" + std::to_string(s.worst);
+}
+
+// ---- accuracy of the CPU forward ---------------------------------------------------------------
+// The float64 reference's outputs are rounded to fp32 only (~6e-8 relative), so the bounds
+// below measure the backend's own error.
+//
+// fp32: the backend accumulates in fp32. Score, exp and P.V sums over at most 1000 keys and
+//   256 dims lose ~1e-7..1e-6 relative; 1e-5 relative (L2) and 2e-5 x max|out| (max) leave
+//   a 10x margin without hiding a real bug (a dropped key at N=1000 is ~1e-3).
+// fp16/bf16: the inputs are exact in fp32 and the work is fp32, so the final rounding of out
+//   to the dtype dominates: half an ulp, by design. We allow 2 ulp of the dtype at each
+//   element's magnitude (one more rounding, e.g. of P before P.V, is allowed) plus the fp32 term.
+//   L2: fp16 1e-3 (2^-11 = 4.9e-4 is the worst relative half-ulp), bf16 8e-3 (2^-8 = 3.9e-3).
+// lse: always fp32, from exactly representable inputs: ~10 in magnitude, fp32 ulp ~1e-6, bound
+//   1e-4 absolute, plus 2 fp32 ulps at |lse| for large scores (|lse| ~ 500 has ulp 6e-5).
+struct ForwardBounds {
+  double out_ulps;     // per element, in ulps of the output dtype at |ref|
+  double out_fp32;     // per element, times max(1, max|ref|)
+  double out_rel_l2;
+  double lse_abs;
+};
+
+inline ForwardBounds forward_bounds(DType dtype) {
+  switch (dtype) {
+    case DType::fp16: return {2.0, 2e-5, 1e-3, 1e-4};
+    case DType::bf16: return {2.0, 2e-5, 8e-3, 1e-4};
+    default: return {0.0, 2e-5, 1e-5, 1e-4};
+  }
+}
+
+// A CPU forward's out and lse (logical order) against the reference's, with the bounds above.
+// An empty `lse` was not requested. Rows whose reference lse is -inf are not compared here.
+inline void expect_forward_close(DType dtype, const std::vector<double>& out,
+                                 const std::vector<double>& out_ref, const std::vector<double>& lse,
+                                 const std::vector<double>& lse_ref) {
+  const ForwardBounds bound = forward_bounds(dtype);
+  const ErrorStats s = compare(out, out_ref);
+  SCOPED_TRACE("out: " + describe(s));
+  report("out", s, bound.out_rel_l2);
+  EXPECT_EQ(s.non_finite, 0);
+  EXPECT_LE(s.rel_l2, bound.out_rel_l2);
+  const double fp32_term = bound.out_fp32 * std::max(1.0, s.ref_max);
+  int reported = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double allowed = bound.out_ulps * ulp(dtype, out_ref[i]) + fp32_term;
+    if (!(std::fabs(out[i] - out_ref[i]) <= allowed) && reported++ < 5)
+      ADD_FAILURE() << "out[" << i << "] = " << out[i] << ", reference " << out_ref[i]
+                    << ", error " << std::fabs(out[i] - out_ref[i]) << " > allowed " << allowed;
+  }
+  if (lse.empty()) return;
+  const ErrorStats l = compare(lse, lse_ref);
+  SCOPED_TRACE("lse: " + describe(l));
+  report("lse", l, 0);
+  EXPECT_EQ(l.non_finite, 0);
+  reported = 0;
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    if (!std::isfinite(lse_ref[i])) continue;  // -inf rows: the callers check them exactly
+    const double allowed = bound.lse_abs + 2 * ulp(DType::fp32, lse_ref[i]);
+    if (!(std::fabs(lse[i] - lse_ref[i]) <= allowed) && reported++ < 5)
+      ADD_FAILURE() << "lse[" << i << "] = " << lse[i] << ", reference " << lse_ref[i]
+                    << ", error " << std::fabs(lse[i] - lse_ref[i]) << " > allowed " << allowed;
+  }
 }
 
 // ---- one attention problem ----------------------------------------------------------------------

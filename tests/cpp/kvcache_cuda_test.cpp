@@ -1,0 +1,331 @@
+// attention_with_kvcache on a CUDA GPU (Backend::automatic) against the float64 oracle of
+// kvcache_harness.hpp, on device copies of the same host tensors: contiguous and paged caches
+// (page sizes 16, 64, 256, shuffled tables, NaN past the lengths and in unused pages), lengths
+// from 0 to 65536, batches up to 64, appends, GQA 8:1 and MQA, Nnew 1/4/16, D 64 and 128 in
+// bf16 and fp16, causal, lse, the workspace of plan_attention_with_kvcache, lengths beyond the
+// capacity, and a CUDA graph replayed after the lengths and the block table changed on the
+// device. Skips without a GPU; in a build without CUDA it is one skipping test. Cases whose
+// kernel a subset build lacks are reported as skipped (cuda_harness.hpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "cuda_harness.hpp"
+#include "kvcache_harness.hpp"
+
+namespace flashcpp {
+namespace {
+
+#ifdef FLASHCPP_TEST_WITH_CUDA
+
+using cuda_test::cuda_ok;
+using cuda_test::DeviceBuffer;
+using test::KvCase;
+using test::KvExpected;
+using test::KvTensors;
+using test::KvViews;
+
+// Device copies of a case's tensors: their memory images, layout gaps included.
+struct DeviceKv {
+  DeviceBuffer q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse;
+
+  explicit DeviceKv(const KvTensors& t)
+      : q(t.q.bytes()), k_cache(t.k_cache.bytes()), v_cache(t.v_cache.bytes()),
+        cache_seqlens(t.cache_seqlens.bytes()), out(t.out.bytes()),
+        block_table(t.block_table.bytes()), k_new(t.k_new.bytes()), v_new(t.v_new.bytes()),
+        lse(t.lse.bytes()) {}
+
+  std::vector<std::pair<DeviceBuffer*, test::HostTensor*>> pairs(KvTensors& t) {
+    return {{&q, &t.q},         {&k_cache, &t.k_cache},         {&v_cache, &t.v_cache},
+            {&out, &t.out},     {&cache_seqlens, &t.cache_seqlens}, {&block_table, &t.block_table},
+            {&k_new, &t.k_new}, {&v_new, &t.v_new},             {&lse, &t.lse}};
+  }
+  void upload(KvTensors& t) {
+    for (auto [device, host] : pairs(t))
+      if (host->bytes() > 0)
+        cuda_ok(cudaMemcpy(device->ptr, host->data(), host->bytes(), cudaMemcpyHostToDevice));
+    // A pageable copy may return before its DMA lands; work on other streams must see it.
+    cuda_ok(cudaDeviceSynchronize());
+  }
+  // What a call writes: out, lse and the caches.
+  void download(KvTensors& t) {
+    for (auto [device, host] : pairs(t))
+      if (host->bytes() > 0 && (host == &t.out || host == &t.lse || host == &t.k_cache ||
+                                host == &t.v_cache))
+        cuda_ok(cudaMemcpy(host->data(), device->ptr, host->bytes(), cudaMemcpyDeviceToHost));
+  }
+  // The host views of `t`, pointing at these buffers on device 0.
+  KvViews views(KvTensors& t) {
+    KvViews v = t.host_views();
+    const std::pair<TensorView*, DeviceBuffer*> all[] = {
+        {&v.q, &q},     {&v.k_cache, &k_cache},         {&v.v_cache, &v_cache},
+        {&v.out, &out}, {&v.cache_seqlens, &cache_seqlens}, {&v.block_table, &block_table},
+        {&v.k_new, &k_new}, {&v.v_new, &v_new},         {&v.lse, &lse}};
+    for (auto [view, buffer] : all) {
+      if (view->data != nullptr) view->data = buffer->ptr;
+      view->device = Device::cuda(0);
+    }
+    return v;
+  }
+};
+
+KvCase gpu_case(std::vector<int> lengths, int nnew, int hq, int hkv, int d, DType dtype,
+                int page_size) {
+  KvCase c;
+  c.lengths = std::move(lengths);
+  c.nnew = nnew;
+  c.heads_q = hq;
+  c.heads_kv = hkv;
+  c.head_dim = d;
+  c.dtype = dtype;
+  c.page_size = page_size;
+  c.append = true;
+  c.causal = true;
+  c.backend = Backend::automatic;
+  return c;
+}
+
+// The CUDA kernels' bounds (cuda_harness.hpp): out within out_bound(dtype) absolute, lse
+// within kLseBound; rows that see no key exactly out = 0 and lse = -inf; the cache changed in
+// the appended rows only.
+void expect_gpu_result(const KvCase& c, const KvTensors& before, const KvTensors& got,
+                       const KvExpected& e) {
+  test::expect_empty_rows_exact(c, got, e);
+  test::expect_cache_after(c, before, got.k_cache, got.v_cache);
+  const std::vector<double> out = got.out.values();
+  double max_out = 0, max_lse = 0;
+  std::int64_t bad_out = 0, bad_lse = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double err = std::fabs(out[i] - e.out[i]);
+    if (!(err <= cuda_test::out_bound(c.dtype))) ++bad_out;
+    max_out = std::isnan(err) ? INFINITY : std::max(max_out, err);
+  }
+  if (c.with_lse) {
+    const std::vector<double> lse = got.lse.values();
+    for (std::size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(e.lse[i])) continue;  // exact -inf: checked above
+      const double err = std::fabs(lse[i] - e.lse[i]);
+      if (!(err <= cuda_test::kLseBound)) ++bad_lse;
+      max_lse = std::isnan(err) ? INFINITY : std::max(max_lse, err);
+    }
+  }
+  EXPECT_EQ(bad_out, 0) << "out elements beyond " << cuda_test::out_bound(c.dtype)
+                        << "; max |err| " << max_out;
+  EXPECT_EQ(bad_lse, 0) << "lse elements beyond " << cuda_test::kLseBound << "; max |err| "
+                        << max_lse;
+}
+
+void expect_ran_on_gpu(const KvCase& c, const RunInfo& info, const KVCachePlan& plan) {
+  if (c.backend == Backend::automatic)
+    EXPECT_TRUE(info.backend == Backend::cuda_sm80 || info.backend == Backend::cuda_sm90)
+        << backend_name(info.backend);
+  else
+    EXPECT_EQ(info.backend, c.backend);
+  EXPECT_EQ(info.backend, plan.backend);
+  EXPECT_EQ(info.num_splits, plan.num_splits);
+}
+
+// Plans and runs `views` on the default stream with the plan's workspace (poisoned), and
+// waits. Returns false when this build lacks the case's kernel (recorded, not failed).
+bool run_gpu(const KvCase& c, const KvViews& views) {
+  try {
+    const KVCacheTensors tensors = views.tensors(c);
+    const KVCachePlan plan = plan_attention_with_kvcache(tensors, c.options());
+    DeviceBuffer workspace(std::max<std::size_t>(plan.workspace_bytes, 1));
+    cuda_ok(cudaMemset(workspace.ptr, 0xFF, plan.workspace_bytes));
+    const RunInfo info = attention_with_kvcache(tensors, c.options(), nullptr,
+                                                {workspace.ptr, plan.workspace_bytes});
+    cuda_ok(cudaDeviceSynchronize());
+    expect_ran_on_gpu(c, info, plan);
+    return true;
+  } catch (const Error& e) {
+    if (!cuda_test::record_if_unbuilt(test::kv_case_name(c), e)) throw;
+    return false;
+  }
+}
+
+// One case end to end: host tensors, oracle, device run, checks.
+void check_gpu(const KvCase& c) {
+  SCOPED_TRACE(test::kv_case_name(c));
+  auto rng = test::test_rng();
+  KvTensors t(c, rng);
+  const KvTensors before = t;
+  const KvExpected e = test::kv_oracle(c, t);
+  DeviceKv device(t);
+  device.upload(t);
+  if (!run_gpu(c, device.views(t))) return;
+  device.download(t);
+  expect_gpu_result(c, before, t, e);
+}
+
+class KvCacheCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU";
+  }
+  void TearDown() override { cuda_test::report_unbuilt_cases(); }
+};
+
+TEST_F(KvCacheCuda, ContiguousCache) {
+  // Decode, GQA 8:1, no append (the token's key is already in the cache), a zero length.
+  KvCase decode = gpu_case({0, 1, 300, 1000}, 1, 32, 4, 128, DType::bf16, 0);
+  decode.append = false;
+  check_gpu(decode);
+  // MQA, appending 4 tokens; fp16 d64.
+  check_gpu(gpu_case({0, 129, 777}, 4, 16, 1, 64, DType::fp16, 0));
+  // Speculative verification: 16 new tokens, bf16 d64.
+  check_gpu(gpu_case({5, 0, 1000}, 16, 32, 4, 64, DType::bf16, 0));
+}
+
+TEST_F(KvCacheCuda, PagedCache) {
+  // Lengths on and around page boundaries, zero lengths, shuffled tables, NaN unused pages.
+  check_gpu(gpu_case({0, 15, 16, 17, 500}, 16, 32, 4, 128, DType::bf16, 16));
+  check_gpu(gpu_case({64, 0, 63, 2000, 65}, 1, 16, 1, 64, DType::fp16, 64));
+  check_gpu(gpu_case({0, 255, 256, 3000}, 4, 32, 4, 128, DType::fp16, 256));
+  check_gpu(gpu_case({1, 300, 0}, 4, 8, 1, 64, DType::bf16, 256));
+  // Without appends, and without lse.
+  KvCase plain = gpu_case({100, 0, 1500}, 4, 32, 4, 128, DType::bf16, 64);
+  plain.append = false;
+  plain.with_lse = false;
+  check_gpu(plain);
+}
+
+TEST_F(KvCacheCuda, Masks) {
+  // No mask: the new tokens see every key, later new tokens included.
+  KvCase full = gpu_case({40, 0, 700}, 16, 32, 4, 128, DType::bf16, 16);
+  full.causal = false;
+  check_gpu(full);
+  // A sliding window with causal, and softcap.
+  KvCase window = gpu_case({1000, 3, 0}, 4, 16, 2, 64, DType::fp16, 64);
+  window.window_left = 128;
+  check_gpu(window);
+  KvCase capped = gpu_case({513, 0, 77}, 4, 32, 4, 128, DType::bf16, 0);
+  capped.softcap = 30.0f;
+  check_gpu(capped);
+}
+
+// An explicit sm80 request runs there, also on Hopper.
+TEST_F(KvCacheCuda, ExplicitSm80) {
+  KvCase c = gpu_case({0, 70, 900}, 4, 32, 4, 128, DType::bf16, 64);
+  c.backend = Backend::cuda_sm80;
+  check_gpu(c);
+}
+
+// One long sequence: 65535 cached keys plus the new token fill a 65536-key paged cache.
+TEST_F(KvCacheCuda, LongSequence) {
+  KvCase c = gpu_case({65535}, 1, 16, 2, 128, DType::bf16, 256);
+  c.capacity = 65536;
+  check_gpu(c);
+}
+
+// 64 sequences of random lengths (every eighth empty), decode with appends.
+TEST_F(KvCacheCuda, LargeBatch) {
+  auto rng = test::test_rng();
+  std::vector<int> lengths(64);
+  for (int b = 0; b < 64; ++b) lengths[b] = b % 8 == 0 ? 0 : static_cast<int>(rng() % 400);
+  check_gpu(gpu_case(lengths, 1, 32, 4, 128, DType::bf16, 16));
+  check_gpu(gpu_case(lengths, 4, 16, 1, 64, DType::fp16, 0));
+}
+
+// On the GPU a length beyond the capacity is clamped to it (kvcache.hpp): the result is that
+// of a full cache.
+TEST_F(KvCacheCuda, LengthsBeyondCapacityAreClamped) {
+  for (int page_size : {0, 64}) {
+    KvCase c = gpu_case({256, 256}, 4, 16, 2, 128, DType::bf16, page_size);
+    c.append = false;
+    c.capacity = 256;
+    SCOPED_TRACE(test::kv_case_name(c));
+    auto rng = test::test_rng();
+    KvTensors t(c, rng);
+    const KvTensors before = t;
+    const KvExpected e = test::kv_oracle(c, t);
+    DeviceKv device(t);
+    device.upload(t);
+    const std::vector<std::int32_t> beyond{300, 257};
+    cuda_ok(cudaMemcpy(device.cache_seqlens.ptr, beyond.data(), 8, cudaMemcpyHostToDevice));
+    if (!run_gpu(c, device.views(t))) continue;
+    device.download(t);
+    expect_gpu_result(c, before, t, e);
+  }
+}
+
+// A call captured in a CUDA graph replays with new lengths, block table and cache contents
+// (copied to the device outside the capture): the replay gives the new lengths' result.
+TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
+  KvCase first = gpu_case({100, 0, 513, 64}, 1, 32, 4, 128, DType::bf16, 64);
+  first.capacity = 1024;
+  KvCase second = first;
+  second.lengths = {700, 3, 0, 1000};
+  auto rng = test::test_rng();
+  KvTensors a(first, rng), b(second, rng);
+  ASSERT_EQ(a.k_cache.bytes(), b.k_cache.bytes());
+  ASSERT_EQ(a.block_table.bytes(), b.block_table.bytes());
+  const KvTensors a_before = a, b_before = b;
+  const KvExpected a_expected = test::kv_oracle(first, a);
+  const KvExpected b_expected = test::kv_oracle(second, b);
+
+  DeviceKv device(a);
+  device.upload(a);
+  const KvViews views = device.views(a);
+  const KVCacheTensors tensors = views.tensors(first);
+  const AttentionOptions options = first.options();
+  KVCachePlan plan;
+  try {
+    plan = plan_attention_with_kvcache(tensors, options);
+  } catch (const Error& e) {
+    if (!cuda_test::record_if_unbuilt(test::kv_case_name(first), e)) throw;
+    return;
+  }
+  DeviceBuffer workspace(std::max<std::size_t>(plan.workspace_bytes, 1));
+  const Workspace w{workspace.ptr, plan.workspace_bytes};
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // An eager run first: whatever a first call sets up happens outside the capture.
+  attention_with_kvcache(tensors, options, stream, w);
+  cuda_ok(cudaStreamSynchronize(stream));
+  device.download(a);
+  expect_gpu_result(first, a_before, a, a_expected);
+
+  // Global mode: any allocation or synchronisation inside the call breaks the capture.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  RunInfo info;
+  try {
+    info = attention_with_kvcache(tensors, options, stream, w);
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cuda_ok(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+  expect_ran_on_gpu(first, info, plan);
+
+  device.upload(b);  // new lengths, pages, cache, queries and new tokens; NaN outputs
+  cuda_ok(cudaGraphLaunch(exec, stream));
+  cuda_ok(cudaStreamSynchronize(stream));
+  device.download(b);
+  {
+    SCOPED_TRACE("replay with " + test::kv_case_name(second));
+    expect_gpu_result(second, b_before, b, b_expected);
+  }
+  cuda_ok(cudaGraphExecDestroy(exec));
+  cuda_ok(cudaGraphDestroy(graph));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
+#else  // built without CUDA: the suite still compiles and says why it does nothing
+
+TEST(KvCacheCuda, NeedsCuda) { cuda_test::skip_built_without_cuda(); }
+
+#endif
+
+}  // namespace
+}  // namespace flashcpp
