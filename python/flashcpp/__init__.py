@@ -5,6 +5,9 @@
     out = flashcpp.attention(q, k, v, causal=True)
     print(flashcpp.last_run_info())   # RunInfo(backend='cpu', kernel=..., num_splits=1)
 
+flashcpp.attention_with_kvcache attends new tokens against a (paged) KV cache, as
+FlashAttention's flash_attn_with_kvcache does.
+
 Works on any tensor speaking DLPack or __cuda_array_interface__ (NumPy on the CPU backend,
 PyTorch, CuPy, ...); outputs are allocated with the input's framework. PyTorch custom ops
 (autograd, torch.compile, CUDA graphs) live in flashcpp.torch, the Hugging Face transformers
@@ -17,6 +20,7 @@ from ._api import (
     attention_backward,
     attention_varlen,
     attention_varlen_backward,
+    attention_with_kvcache,
     select_backend,
 )
 from ._native import Error, RunInfo, cuda_available, last_run_info
@@ -29,6 +33,7 @@ __all__ = [
     "attention_backward",
     "attention_varlen",
     "attention_varlen_backward",
+    "attention_with_kvcache",
     "built_with_cuda",
     "cuda_available",
     "last_run_info",

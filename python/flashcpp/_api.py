@@ -8,6 +8,7 @@ Any strides work as long as the last dimension is contiguous.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional, Tuple
 
 from . import _native
@@ -161,6 +162,68 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, 0, deterministic)
     return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, stream, dq, dk, dv, kwargs)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
+                           block_table=None, softmax_scale: Optional[float] = None,
+                           causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, return_softmax_lse: bool = False,
+                           num_splits: int = 0, backend: str = "auto", out: Any = None,
+                           stream: Any = None):
+    """Attention of new tokens against a KV cache (decode, speculative verification, chunked
+    prefill), with the arguments of FlashAttention's flash_attn_with_kvcache.
+
+    q [B, Nnew, Hq, D]; k_cache/v_cache [B, Nmax, Hkv, D|Dv], or paged [num_pages, page_size,
+    Hkv, D|Dv] with block_table int32 [B, max_pages] (page p of sequence b holds its keys
+    p * page_size ...). cache_seqlens: int32 [B] on q's device, the keys each sequence holds;
+    an int is broadcast, None means the whole capacity (Nmax, or max_pages * page_size).
+    k/v [B, Nnew, Hkv, D|Dv] (both or neither) are written into the caches, in place, at rows
+    cache_seqlens[b] ... before attending (errors name them k_new and v_new); cache_seqlens
+    itself is not advanced. Sequence b attends over its cache_seqlens[b] (+ Nnew) keys; causal
+    is bottom-right aligned (new token i sees the cache and the new tokens up to i), window_size
+    (left, right) around that diagonal. Returns out [B, Nnew, Hq, Dv] (and lse [B, Hq, Nnew]
+    float32 when return_softmax_lse).
+    Everything after v is keyword-only: FlashAttention's next positional argument is
+    rotary_cos. Not offered: rotary embedding, ALiBi, cache_batch_idx, cache_leftpad.
+    num_splits, backend, out and stream as in attention(). Inference only: no autograd.
+    """
+    kwargs = _native.options(causal, softmax_scale, window_size, softcap, backend, num_splits)
+    if (k is None) != (v is None):
+        raise _native.Error("k and v (the new keys and values to append) must be given together")
+    fw = framework_of(q)
+    ops = fw.autograd_ops(q, k_cache, v_cache)
+    if ops is not None:
+        if out is not None or stream is not None:
+            raise ValueError("out= and stream= are not supported under torch.compile or with "
+                             "tensors that require grad (they go through flashcpp.torch's "
+                             "custom ops)")
+        return ops.attention_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, return_softmax_lse=return_softmax_lse, num_splits=num_splits,
+            backend=backend)
+    q_shape, cache_shape = shape_of(q, "q"), shape_of(k_cache, "k_cache")
+    v_shape = shape_of(v_cache, "v_cache")
+    if cache_seqlens is None or isinstance(cache_seqlens, numbers.Integral):
+        length = int(cache_seqlens) if cache_seqlens is not None else _native.cache_capacity(
+            cache_shape, None if block_table is None else shape_of(block_table, "block_table"))
+        cache_seqlens = fw.full(q, q_shape[:1], length, "int32")
+    if out is None and q_shape and v_shape:
+        out = fw.empty(q, q_shape[:-1] + v_shape[-1:])
+    lse = None
+    if return_softmax_lse and len(q_shape) == 4:
+        lse = fw.empty(q, (q_shape[0], q_shape[2], q_shape[1]), "float32")
+    q, k_cache, v_cache, k, v = (None if t is None else fw.prepare(t)
+                                 for t in (q, k_cache, v_cache, k, v))
+    with fw.device_guard(q):
+        handle = fw.default_stream(q) if stream is None else stream_handle(stream)
+        order_after_producers(dict(q=q, k_cache=k_cache, v_cache=v_cache,
+                                   cache_seqlens=cache_seqlens, block_table=block_table, k=k,
+                                   v=v, out=out), handle)
+        _native.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k, v, kwargs, handle,
+            _workspace_allocator(fw, q, None if stream is None else handle))
+    return (out, lse) if return_softmax_lse else out
 
 
 def select_backend(q, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),

@@ -43,21 +43,33 @@ class Framework:
             return int(x.__dlpack_device__()[0]) in _DLPACK_CUDA_TYPES
         return hasattr(x, "__cuda_array_interface__")
 
-    def empty(self, like: Any, shape: Sequence[int], dtype: Optional[str] = None) -> Any:
-        """A new array on like's device; dtype None means like's dtype, else 'float32'/'uint8'."""
+    @staticmethod
+    def _namespace(like: Any) -> Any:
         namespace = getattr(like, "__array_namespace__", None)
         if namespace is None:
             raise TypeError(
                 f"flashcpp cannot allocate outputs for {type(like).__module__}."
-                f"{type(like).__name__}: pass out= (and lse_out= / dq=, dk=, dv=) allocated "
-                "by your framework"
+                f"{type(like).__name__}: pass out= (and lse_out= / dq=, dk=, dv=; "
+                "cache_seqlens as an array) allocated by your framework"
             )
-        xp = namespace()
+        return namespace()
+
+    def empty(self, like: Any, shape: Sequence[int], dtype: Optional[str] = None) -> Any:
+        """A new array on like's device; dtype None means like's dtype, else 'float32'/'uint8'."""
+        xp = self._namespace(like)
         kind = like.dtype if dtype is None else getattr(xp, dtype)
         device = getattr(like, "device", None)
         if device is None:
             return xp.empty(tuple(shape), dtype=kind)
         return xp.empty(tuple(shape), dtype=kind, device=device)
+
+    def full(self, like: Any, shape: Sequence[int], value: int, dtype: str) -> Any:
+        """A new array of `value` on like's device, of dtype 'int32' (cache lengths)."""
+        xp = self._namespace(like)
+        device = getattr(like, "device", None)
+        if device is None:
+            return xp.full(tuple(shape), value, dtype=getattr(xp, dtype))
+        return xp.full(tuple(shape), value, dtype=getattr(xp, dtype), device=device)
 
     def default_stream(self, like: Any) -> int:
         """The stream the caller's framework is working on; 0 is CUDA's legacy default stream."""
@@ -89,6 +101,9 @@ class NumpyFramework(Framework):
     def empty(self, like, shape, dtype=None):
         return self.np.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype)
 
+    def full(self, like, shape, value, dtype):
+        return self.np.full(tuple(shape), value, dtype=dtype)
+
 
 class TorchFramework(Framework):
     name = "torch"
@@ -106,6 +121,10 @@ class TorchFramework(Framework):
     def empty(self, like, shape, dtype=None):
         kind = like.dtype if dtype is None else getattr(self.torch, dtype)
         return self.torch.empty(tuple(shape), dtype=kind, device=like.device)
+
+    def full(self, like, shape, value, dtype):
+        return self.torch.full(tuple(shape), value, dtype=getattr(self.torch, dtype),
+                               device=like.device)
 
     def default_stream(self, like):
         if like.is_cuda:
@@ -147,6 +166,10 @@ class CupyFramework(Framework):
     def empty(self, like, shape, dtype=None):
         with like.device:
             return self.cupy.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype)
+
+    def full(self, like, shape, value, dtype):
+        with like.device:
+            return self.cupy.full(tuple(shape), value, dtype=dtype)
 
     def default_stream(self, like):
         with like.device:

@@ -114,3 +114,32 @@ def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> 
             workspace = allocate(nbytes)
     native = _C.forward if is_forward else _C.backward
     return _record(native(*tensors, **shape, **options, stream=stream, workspace=workspace))
+
+
+def cache_capacity(k_cache_shape: Tuple[Any, ...],
+                   block_table_shape: Optional[Tuple[Any, ...]]) -> Any:
+    """Keys a sequence can hold: Nmax, or max_pages * page_size for a paged cache; what
+    cache_seqlens=None means, as in FlashAttention. 0 for a cache of the wrong rank (the call's
+    validation names it)."""
+    if len(k_cache_shape) != 4:
+        return 0
+    pages = block_table_shape[-1] if block_table_shape else 1
+    return pages * k_cache_shape[1]
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k_new,
+                           v_new, options: dict, stream: int,
+                           allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+    """Appends k_new and v_new into the caches (when given), writes out (and lse unless None).
+
+    The workspace is sized by the call's plan, which depends on the shapes and options only, so
+    a CUDA graph can replay the call with new lengths and block-table contents."""
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, out=out,
+                   block_table=block_table, k_new=k_new, v_new=v_new, lse=lse)
+    workspace = None
+    if allocate is not None:
+        nbytes = _C.plan_kvcache(**tensors, **options)[3]
+        if nbytes:
+            workspace = allocate(nbytes)
+    return _record(_C.attention_with_kvcache(**tensors, **options, stream=stream,
+                                             workspace=workspace))

@@ -3,6 +3,7 @@
     import flashcpp.torch as fa
     out = fa.attention(q, k, v, causal=True)        # [B, N, H, D], autograd-aware
     out = fa.sdpa(q, k, v, is_causal=True)          # F.scaled_dot_product_attention's [B, H, N, D]
+    out = fa.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True)
 
 The ops (torch.ops.flashcpp.attention_fwd / attention_bwd and their varlen twins) have fake
 (meta) implementations and an autograd formula, so torch.compile(fullgraph=True) traces through
@@ -10,7 +11,8 @@ them without a graph break, and they allocate only through torch.empty on the ca
 stream: CUDA graphs capture them. Where a kernel is missing (e.g. a GPU backward not built
 yet), the C++ error surfaces as flashcpp.Error (a ValueError) naming it.
 
-Gradients flow to q, k and v; the returned lse is not differentiable.
+Gradients flow to q, k and v; the returned lse is not differentiable. The KV-cache ops
+(attention_with_kvcache) are for inference and have no gradient.
 """
 
 import contextlib
@@ -23,7 +25,7 @@ from torch import Tensor
 from . import _native
 from ._native import Error
 
-__all__ = ["attention", "attention_varlen", "sdpa"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "sdpa"]
 
 
 # ---- helpers shared by the real and the fake implementations -------------------------------
@@ -64,21 +66,21 @@ def _device_guard(t: Tensor):
     return contextlib.nullcontext()
 
 
-def _launch(run, q: Tensor, tensors: Tuple[Tensor, ...], varlen, options: dict) -> None:
-    """_native.forward or _native.backward (run) with `tensors`, on q's device and its current
-    stream, with a torch-owned workspace; varlen and options as there."""
+def _launch(run, q: Tensor, *args) -> None:
+    """run(*args, stream, allocate), a _native launch, on q's device and its current stream,
+    with a torch-owned workspace."""
     with _device_guard(q):
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
         allocate = (functools.partial(torch.empty, dtype=torch.uint8, device=q.device)
                     if q.is_cuda else None)
-        run(*tensors, varlen, options, stream, allocate)
+        run(*args, stream, allocate)
 
 
 # ---- forward ops --------------------------------------------------------------------------
 def _run_forward(q, k, v, varlen, options) -> Tuple[Tensor, Tensor]:
     q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, varlen=varlen[0] is not None)  # cu_seqlens_q given
-    _launch(_native.forward, q, (q, k, v, out, lse), varlen, options)
+    _launch(_native.forward, q, q, k, v, out, lse, varlen, options)
     return out, lse
 
 
@@ -125,8 +127,7 @@ def _grad_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tens
 def _run_backward(dout, q, k, v, out, lse, varlen, options) -> Tuple[Tensor, Tensor, Tensor]:
     dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
     dq, dk, dv = _grad_outputs(q, k, v)
-    _launch(_native.backward, q, (dout, q, k, v, out, _export(lse), dq, dk, dv), varlen,
-            options)
+    _launch(_native.backward, q, dout, q, k, v, out, _export(lse), dq, dk, dv, varlen, options)
     return dq, dk, dv
 
 
@@ -199,6 +200,65 @@ torch.library.register_autograd("flashcpp::attention_varlen_fwd", _backward,
                                 setup_context=_setup_context)
 
 
+# ---- KV cache (inference only: no autograd formula) ----------------------------------------
+# Two ops, so that only calls that append declare a mutation: torch.compile then
+# functionalizes (and re-inplaces) the caches of appending calls alone, and a read-only call on
+# a view of someone else's cache (transformers' DynamicCache) is a plain op.
+def _kvcache_outputs(q: Tensor, v_cache: Tensor) -> Tuple[Tensor, Tensor]:
+    _check_rank(q, "q", 4, "[B, Nnew, Hq, D]")
+    _check_rank(v_cache, "v_cache", 4, "[B, Nmax, Hkv, Dv] or [num_pages, page_size, Hkv, Dv]")
+    batch, rows, heads = q.shape[0], q.shape[1], q.shape[2]
+    out = q.new_empty((batch, rows, heads, v_cache.shape[-1]))
+    lse = q.new_empty((batch, heads, rows), dtype=torch.float32)
+    return out, lse
+
+
+def _run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, softmax_scale,
+                 window_left, window_right, softcap, num_splits, backend):
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend, num_splits)
+    q, k, v = (None if t is None else _export(_last_dim_contiguous(t)) for t in (q, k, v))
+    # The caches are used as they are: a copy would not receive the append.
+    k_cache, v_cache = _export(k_cache), _export(v_cache)
+    out, lse = _kvcache_outputs(q, v_cache)
+    _launch(_native.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse,
+            block_table, k, v, options)
+    return out, lse
+
+
+@torch.library.custom_op("flashcpp::attention_with_kvcache", mutates_args=())
+def _attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                            block_table: Optional[Tensor], causal: bool,
+                            softmax_scale: Optional[float], window_left: int, window_right: int,
+                            softcap: float, num_splits: int,
+                            backend: str) -> Tuple[Tensor, Tensor]:
+    return _run_kvcache(q, k_cache, v_cache, None, None, cache_seqlens, block_table, causal,
+                        softmax_scale, window_left, window_right, softcap, num_splits, backend)
+
+
+@_attention_with_kvcache.register_fake
+def _attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, *options):
+    return _kvcache_outputs(q, v_cache)
+
+
+@torch.library.custom_op("flashcpp::attention_with_kvcache_append",
+                         mutates_args=("k_cache", "v_cache"))
+def _attention_with_kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor,
+                                   v: Tensor, cache_seqlens: Tensor,
+                                   block_table: Optional[Tensor], causal: bool,
+                                   softmax_scale: Optional[float], window_left: int,
+                                   window_right: int, softcap: float, num_splits: int,
+                                   backend: str) -> Tuple[Tensor, Tensor]:
+    return _run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
+                        softmax_scale, window_left, window_right, softcap, num_splits, backend)
+
+
+@_attention_with_kvcache_append.register_fake
+def _attention_with_kvcache_append_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                        *options):
+    return _kvcache_outputs(q, v_cache)
+
+
 # ---- public functions ---------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
@@ -226,6 +286,39 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), o["causal"],
         o["softmax_scale"], o["window_left"], o["window_right"], o["softcap"], o["backend"])
     return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           k: Optional[Tensor] = None, v: Optional[Tensor] = None, *,
+                           cache_seqlens=None, block_table: Optional[Tensor] = None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           return_softmax_lse: bool = False, num_splits: int = 0,
+                           backend: str = "auto"):
+    """flashcpp.attention_with_kvcache for torch tensors, as custom ops (torch.ops.flashcpp.
+    attention_with_kvcache, and attention_with_kvcache_append when k and v are given, which
+    declares that it mutates k_cache and v_cache): torch.compile(fullgraph=True) traces it, and
+    a CUDA graph captures it, since cache_seqlens and block_table stay on the device (a replay
+    reads their new contents) and the workspace comes from torch's allocator on the current
+    stream. cache_seqlens: int32 [B] tensor, an int (broadcast) or None (the whole capacity).
+    Inference only: no gradients flow through it.
+    """
+    o = _native.options(causal, softmax_scale, window_size, softcap, backend, num_splits)
+    if (k is None) != (v is None):
+        raise Error("k and v (the new keys and values to append) must be given together")
+    if cache_seqlens is None or isinstance(cache_seqlens, (int, torch.SymInt)):
+        length = cache_seqlens if cache_seqlens is not None else _native.cache_capacity(
+            tuple(k_cache.shape), None if block_table is None else tuple(block_table.shape))
+        cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
+    options = (o["causal"], o["softmax_scale"], o["window_left"], o["window_right"],
+               o["softcap"], o["num_splits"], o["backend"])
+    if k is None:
+        out, lse = torch.ops.flashcpp.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
+                                                             block_table, *options)
+    else:
+        out, lse = torch.ops.flashcpp.attention_with_kvcache_append(
+            q, k_cache, v_cache, k, v, cache_seqlens, block_table, *options)
+    return (out, lse) if return_softmax_lse else out
 
 
 def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,

@@ -11,9 +11,13 @@ with flashcpp's bottom-right causal mask (which is also what decoding with a KV 
 transformers treats any implementation name containing "flash" as a FlashAttention kernel to
 fetch; registering "flashcpp" therefore also tells transformers' loader to skip that name.
 
+Decode steps (a causal call with at most DECODE_MAX_QUERY queries against a longer key
+sequence, as with a DynamicCache) run flashcpp.torch.attention_with_kvcache over the cache
+transformers hands in, read in place; prefill runs flashcpp.torch.attention.
+
 Supported: causal and bidirectional attention (module.is_causal or the is_causal keyword),
 GQA/MQA (fewer key/value heads), `scaling`, `sliding_window`, `softcap`, packed sequences
-(cu_seq_lens_q/k with batch size 1). Not supported, with a
+(cu_seq_lens_q/k with batch size 1). Not supported, on either path, with a
 ValueError: padding masks (a 2-D attention_mask with zeros; static caches, whose unused slots
 are masked), attention dropout, attention sinks (s_aux). Under torch.compile, call the model with
 attention_mask=None: checking a given mask for padding reads it on the host.
@@ -27,6 +31,11 @@ from . import torch as flashcpp_torch
 __all__ = ["flashcpp_attention_forward", "flashcpp_mask", "register", "NAME"]
 
 NAME = "flashcpp"
+
+# Causal calls with at most this many queries, against a longer key sequence, are decode steps
+# (one token, or a few being verified in speculative decoding) and take the KV-cache path;
+# longer ones (prefill, chunked prefill) take the forward's tiles.
+DECODE_MAX_QUERY = 16
 
 
 def flashcpp_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -67,11 +76,23 @@ def flashcpp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
         # The same window as transformers' FlashAttention-2 path: sliding_window - 1 keys back
         # (and forward, when bidirectional), around the bottom-right diagonal.
         window = (sliding_window - 1, -1 if is_causal else sliding_window - 1)
-    options = dict(causal=bool(is_causal), softmax_scale=scaling, window=window,
-                   softcap=float(softcap) if softcap else 0.0)
+    softcap = float(softcap) if softcap else 0.0
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    options = dict(causal=bool(is_causal), softmax_scale=scaling, window=window,
+                   softcap=softcap)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cu_q is not None and cu_k is not None:
+    packed = cu_q is not None and cu_k is not None
+    if (is_causal and not packed and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] < k.shape[1]
+            and not any(t.requires_grad for t in (query, key, value))):
+        # A decode step: key and value are the whole cache, this step's tokens included
+        # (transformers updated it before calling), so every sequence holds all k.shape[1]
+        # keys and nothing is appended. The BHND cache is read in place as a strided BNHD
+        # view. (The KV-cache op has no gradient: calls that need one stay on the forward.)
+        out = flashcpp_torch.attention_with_kvcache(
+            q, k, v, cache_seqlens=k.shape[1], softmax_scale=scaling, causal=True,
+            window_size=window, softcap=softcap)
+        return out, None
+    if packed:
         # Packed sequences (padding-free training): one row of B = 1 holds them all.
         if q.shape[0] != 1:
             raise ValueError("flashcpp attention: cu_seq_lens_q/k need batch size 1 (packed), "

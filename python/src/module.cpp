@@ -12,6 +12,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -61,16 +62,24 @@ std::string dlpack_dtype_name(nb::dlpack::dtype t) {
   return name;
 }
 
-DType dtype_of(nb::dlpack::dtype t, const char* name) {
+// How an argument is read: values (q, k, ...) or indices (cache_seqlens, block_table). An index
+// argument maps int64 to DType::int64, so the C++ validation names the dtype it wants; the
+// attention inputs keep refusing int64 here.
+enum class Role { values, indices };
+
+DType dtype_of(nb::dlpack::dtype t, const char* name, Role role) {
   using Code = nb::dlpack::dtype_code;
   if (t.lanes == 1) {
     if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 32) return DType::fp32;
     if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 16) return DType::fp16;
     if (t.code == static_cast<uint8_t>(Code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == static_cast<uint8_t>(Code::Int) && t.bits == 32) return DType::int32;
+    if (role == Role::indices && t.code == static_cast<uint8_t>(Code::Int) && t.bits == 64)
+      return DType::int64;
   }
   type_error(std::string(name) + ": dtype " + dlpack_dtype_name(t) +
-             " is not supported (supported: float32, float16, bfloat16; int32 for cu_seqlens)");
+             " is not supported (supported: float32, float16, bfloat16; int32 for cu_seqlens, "
+             "cache_seqlens and block_table)");
 }
 
 flashcpp::Device device_of(int device_type, int device_id, const char* name) {
@@ -95,11 +104,11 @@ void check_rank(std::size_t ndim, const char* name) {
 }
 
 template <typename Array>
-TensorView view_of_ndarray(const Array& a, const char* name) {
+TensorView view_of_ndarray(const Array& a, const char* name, Role role) {
   check_rank(a.ndim(), name);
   TensorView view;
   view.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  view.dtype = dtype_of(a.dtype(), name);
+  view.dtype = dtype_of(a.dtype(), name, role);
   view.device = device_of(a.device_type(), a.device_id(), name);
   view.rank = static_cast<int>(a.ndim());
   for (int d = 0; d < view.rank; ++d) {
@@ -110,16 +119,18 @@ TensorView view_of_ndarray(const Array& a, const char* name) {
 }
 
 // __cuda_array_interface__ (version 2 or 3) for producers without DLPack, e.g. Numba.
-DType dtype_of_typestr(const std::string& typestr, const char* name) {
+DType dtype_of_typestr(const std::string& typestr, const char* name, Role role) {
   const std::string kind = typestr.size() > 1 ? typestr.substr(1) : typestr;
   if (kind == "f4") return DType::fp32;
   if (kind == "f2") return DType::fp16;
   if (kind == "i4") return DType::int32;
+  if (role == Role::indices && kind == "i8") return DType::int64;
   type_error(std::string(name) + ": __cuda_array_interface__ typestr '" + typestr +
              "' is not supported (supported: <f4, <f2, <i4; pass bfloat16 through DLPack)");
 }
 
-TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool writable) {
+TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool writable,
+                                        Role role) {
   nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
   nb::tuple shape = nb::cast<nb::tuple>(cai["shape"]);
   check_rank(shape.size(), name);
@@ -128,7 +139,7 @@ TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool w
     throw flashcpp::Error(std::string(name) + ": array is read-only");
   TensorView view;
   view.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(data[0]));
-  view.dtype = dtype_of_typestr(nb::cast<std::string>(cai["typestr"]), name);
+  view.dtype = dtype_of_typestr(nb::cast<std::string>(cai["typestr"]), name, role);
   view.rank = static_cast<int>(shape.size());
   const auto item = static_cast<std::int64_t>(flashcpp::dtype_size(view.dtype));
   nb::object strides = cai.contains("strides") ? nb::borrow(cai["strides"]) : nb::none();
@@ -159,23 +170,24 @@ TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool w
   return view;
 }
 
-TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& keep) {
+TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& keep,
+                   Role role = Role::values) {
   if (obj.is_none()) type_error(std::string(name) + ": expected an array or tensor, got None");
   if (writable) {
     nb::ndarray<> array;
     if (nb::try_cast(obj, array, false)) {
       keep.writable.push_back(array);
-      return view_of_ndarray(keep.writable.back(), name);
+      return view_of_ndarray(keep.writable.back(), name, role);
     }
   }
   nb::ndarray<nb::ro> array;
   if (nb::try_cast(obj, array, false)) {
     if (writable) throw flashcpp::Error(std::string(name) + ": array is read-only");
     keep.read_only.push_back(array);
-    return view_of_ndarray(keep.read_only.back(), name);
+    return view_of_ndarray(keep.read_only.back(), name, role);
   }
   if (nb::hasattr(obj, "__cuda_array_interface__"))
-    return view_of_cuda_array_interface(obj, name, writable);
+    return view_of_cuda_array_interface(obj, name, writable, role);
   type_error(std::string(name) +
              ": expected an array or tensor (DLPack, buffer protocol or "
              "__cuda_array_interface__), got " +
@@ -183,9 +195,9 @@ TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& kee
 }
 
 const TensorView* optional_view(nb::handle obj, const char* name, bool writable, Imports& keep,
-                                TensorView& storage) {
+                                TensorView& storage, Role role = Role::values) {
   if (obj.is_none()) return nullptr;
-  storage = view_of(obj, name, writable, keep);
+  storage = view_of(obj, name, writable, keep, role);
   return &storage;
 }
 
@@ -210,6 +222,35 @@ class CuSeqlens {
   TensorView q_storage_, k_storage_;
   const TensorView* q_;
   const TensorView* k_;
+};
+
+// The tensors of a KV-cache call. The caches are writable exactly when something is appended;
+// the optional views point into this object.
+class KVCacheCall {
+ public:
+  KVCacheCall(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle cache_seqlens,
+              nb::handle out, nb::handle block_table, nb::handle k_new, nb::handle v_new,
+              nb::handle lse, Imports& keep) {
+    const bool appends = !k_new.is_none();
+    t_.q = view_of(q, "q", false, keep);
+    t_.k_cache = view_of(k_cache, "k_cache", appends, keep);
+    t_.v_cache = view_of(v_cache, "v_cache", appends, keep);
+    t_.cache_seqlens = view_of(cache_seqlens, "cache_seqlens", false, keep, Role::indices);
+    t_.out = view_of(out, "out", true, keep);
+    t_.block_table = optional_view(block_table, "block_table", false, keep, block_table_storage_,
+                                   Role::indices);
+    t_.k_new = optional_view(k_new, "k_new", false, keep, k_new_storage_);
+    t_.v_new = optional_view(v_new, "v_new", false, keep, v_new_storage_);
+    t_.lse = optional_view(lse, "lse", true, keep, lse_storage_);
+  }
+  KVCacheCall(const KVCacheCall&) = delete;
+  KVCacheCall& operator=(const KVCacheCall&) = delete;
+
+  const flashcpp::KVCacheTensors& tensors() const { return t_; }
+
+ private:
+  TensorView block_table_storage_, k_new_storage_, v_new_storage_, lse_storage_;
+  flashcpp::KVCacheTensors t_;
 };
 
 Backend parse_backend(const std::string& name) {
@@ -346,6 +387,46 @@ std::size_t workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                                                        max_seqlen_k, options);
 }
 
+using KVCachePlanTuple = std::tuple<std::string, std::string, int, std::size_t>;
+
+KVCachePlanTuple plan_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                              nb::handle cache_seqlens, nb::handle out, nb::handle block_table,
+                              nb::handle k_new, nb::handle v_new, nb::handle lse, bool causal,
+                              std::optional<float> softmax_scale, int window_left,
+                              int window_right, float softcap, const std::string& backend,
+                              int num_splits, bool deterministic) {
+  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
+                                                softcap, backend, num_splits, deterministic);
+  Imports keep;
+  const KVCacheCall call(q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse,
+                         keep);
+  const flashcpp::KVCachePlan plan = flashcpp::plan_attention_with_kvcache(call.tensors(), options);
+  return {flashcpp::backend_name(plan.backend), plan.kernel ? plan.kernel : "", plan.num_splits,
+          plan.workspace_bytes};
+}
+
+RunInfoTuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                                    nb::handle cache_seqlens, nb::handle out,
+                                    nb::handle block_table, nb::handle k_new, nb::handle v_new,
+                                    nb::handle lse, bool causal,
+                                    std::optional<float> softmax_scale, int window_left,
+                                    int window_right, float softcap, const std::string& backend,
+                                    int num_splits, bool deterministic, std::uintptr_t stream,
+                                    nb::handle workspace) {
+  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
+                                                softcap, backend, num_splits, deterministic);
+  Imports keep;
+  const KVCacheCall call(q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse,
+                        keep);
+  const flashcpp::Workspace ws = workspace_of(workspace, keep);
+  flashcpp::RunInfo info;
+  {
+    nb::gil_scoped_release release;
+    info = flashcpp::attention_with_kvcache(call.tensors(), options, stream_of(stream), ws);
+  }
+  return to_tuple(info);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -394,6 +475,21 @@ NB_MODULE(_C, m) {
         nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS, nb::arg("stream") = 0,
         nb::arg("workspace").none() = nb::none(),
         "Writes out (and lse when given); returns (backend, kernel, num_splits).");
+
+  // Attention against a KV cache (flashcpp/kvcache.hpp): block_table for a paged cache,
+  // k_new and v_new to append.
+#define FLASHCPP_KVCACHE_ARGS                                                                \
+  nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("cache_seqlens"),           \
+      nb::arg("out"), nb::arg("block_table").none() = nb::none(),                           \
+      nb::arg("k_new").none() = nb::none(), nb::arg("v_new").none() = nb::none(),           \
+      nb::arg("lse").none() = nb::none(), FLASHCPP_OPTION_ARGS
+  m.def("plan_kvcache", &plan_kvcache, FLASHCPP_KVCACHE_ARGS,
+        "The plan of the matching call: (backend, kernel, num_splits, workspace_bytes).");
+  m.def("attention_with_kvcache", &attention_with_kvcache, FLASHCPP_KVCACHE_ARGS,
+        nb::arg("stream") = 0, nb::arg("workspace").none() = nb::none(),
+        "Appends k_new/v_new (when given), writes out (and lse when given); returns (backend, "
+        "kernel, num_splits).");
+#undef FLASHCPP_KVCACHE_ARGS
 
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),

@@ -65,6 +65,60 @@ def test_kv_cache_decode_matches_sdpa_on_cpu():
     torch.testing.assert_close(steps["flashcpp"], steps["sdpa"], atol=1e-4, rtol=1e-4)
 
 
+def record_calls(monkeypatch):
+    """[(path, query length, RunInfo)] of every flashcpp forward ("forward") and KV-cache
+    ("kvcache") launch, recorded at flashcpp._native, the one path to the native module."""
+    calls = []
+    for path, name in (("forward", "forward"), ("kvcache", "attention_with_kvcache")):
+        def launch(q, *args, _path=path, _original=getattr(_native, name)):
+            info = _original(q, *args)
+            calls.append((_path, q.shape[-3], info))
+            return info
+
+        monkeypatch.setattr(_native, name, launch)
+    return calls
+
+
+def first_divergence(got, expected):
+    """(sequence, step) of the first token that differs, or None."""
+    differ = (got != expected).nonzero()
+    return None if len(differ) == 0 else tuple(differ[0].tolist())
+
+
+GENERATE = [("cpu", torch.float32)]
+if CUDA:
+    GENERATE.append(("cuda", torch.bfloat16))
+
+
+@pytest.mark.parametrize("device, dtype", GENERATE, ids=[d for d, _ in GENERATE])
+def test_greedy_generation_matches_sdpa_through_the_kvcache_path(device, dtype, monkeypatch):
+    # 64 greedy tokens: the prompt runs the forward once per layer, each of the 63 decode steps
+    # the KV-cache op over transformers' DynamicCache, read in place.
+    sdpa, ours = llama_pair(device, dtype)
+    prompt = torch.randint(3, 512, (2, 11), device=device,
+                           generator=torch.Generator(device=device).manual_seed(2))
+    settings = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = sdpa.generate(prompt, output_logits=True, return_dict_in_generate=True,
+                                  **settings)
+        calls = record_calls(monkeypatch)
+        got = ours.generate(prompt, **settings)
+    expected = reference.sequences
+    assert got.shape == expected.shape == (2, 11 + 64)
+    where = first_divergence(got, expected)
+    if where is not None:
+        # Random weights: a near-tie in sdpa's logits can flip under rounding alone.
+        b, t = where
+        top2 = reference.logits[t - 11][b].float().topk(2).values
+        pytest.fail(f"token {t} of sequence {b} differs (flashcpp {got[b, t].item()}, sdpa "
+                    f"{expected[b, t].item()}); sdpa's top-2 logit margin there: "
+                    f"{(top2[0] - top2[1]).item():.3g} (top logit {top2[0].item():.3g})")
+    layers = ours.config.num_hidden_layers
+    assert [(path, n) for path, n, _ in calls] == (
+        [("forward", 11)] * layers + [("kvcache", 1)] * (63 * layers))
+    assert all(info.backend.startswith(device) for _, _, info in calls), calls[-1]
+
+
 def test_padding_mask_is_refused():
     _, ours = llama_pair("cpu", torch.float32)
     ids = torch.randint(0, 512, (2, 9))
