@@ -1,15 +1,16 @@
 """Benchmark cases, the grids of docs/benchmarking.md, and the FLOP and byte counts (no torch).
 
-A `Case` is one attention problem; a *mode* says what is timed on it (`fwd`, `bwd`, `fwd+bwd`).
-The decode grid (KV cache) is a later issue: it will add its own builder to `GRIDS` and its own
-modes, and reuse `Case` (Hkv != H, Nq of 1/4/16) and the `gbps` column.
+A `Case` is one attention problem; a *mode* says what is timed on it (`fwd`, `bwd`, `fwd+bwd`
+for the training grid, `decode` for the decode grid). A decode case is a `Case` with Nq = the
+new tokens, Nk = the cache length L, H = Hq and Hkv < H; its *layouts* (a contiguous cache, or
+a paged one with pages of 16, 64 or 256 rows) are timed as separate rows.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-from typing import Callable, Dict, Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
 TRAIN_MODES = ("fwd", "bwd", "fwd+bwd")
 BACKWARD_MODES = ("bwd", "fwd+bwd")
@@ -25,6 +26,21 @@ DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # compiles included).
 QUICK_HEAD_DIMS = (128,)
 QUICK_SEQLENS = (1024, 4096)
+
+DECODE_MODE = "decode"
+# The decode grid: a GQA model (Hq 32, Hkv 8, D 128) attending over a full KV cache.
+DECODE_HQ, DECODE_HKV, DECODE_HEAD_DIM = 32, 8, 128
+DECODE_BATCHES = (1, 8, 64)
+DECODE_LENGTHS = (1024, 4096, 16384, 65536)
+DECODE_NNEW = (1,)
+# --quick: two cells, one small enough to rotate input sets through L2 and one that is not.
+QUICK_DECODE_BATCHES = (8,)
+QUICK_DECODE_LENGTHS = (1024, 16384)
+CONTIGUOUS = "contiguous"
+LAYOUTS = (CONTIGUOUS, "paged16", "paged64", "paged256")
+DEFAULT_LAYOUTS = (CONTIGUOUS, "paged16", "paged64")
+# The layout recorded for a peer that read K/V repeated to Hq heads (its backend refused GQA).
+EXPANDED = "expanded"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +62,11 @@ class Case:
         n = f"N{self.Nq}" if self.Nq == self.Nk else f"Nq{self.Nq} Nk{self.Nk}"
         kv = f"/{self.Hkv}" if self.Hkv != self.H else ""
         return f"{self.dtype} D{self.D} {n} B{self.B} H{self.H}{kv} {'causal' if self.causal else 'full'}"
+
+
+def size_label(n: int) -> str:
+    """1024 -> '1k', 65536 -> '64k', 1000 -> '1000'."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def parse_size(text: str) -> int:
@@ -93,7 +114,28 @@ def training_grid(dtypes: Iterable[str], head_dims: Iterable[int], seqlens: Iter
     return cases
 
 
-GRIDS: Dict[str, Callable[..., List[Case]]] = {"train": training_grid}
+def decode_grid(dtypes: Iterable[str], batches: Iterable[int], lengths: Iterable[int],
+                nnew: Iterable[int], hq: int = DECODE_HQ, hkv: int = DECODE_HKV,
+                head_dim: int = DECODE_HEAD_DIM) -> List[Case]:
+    """Nq = new tokens, Nk = cache length L (every sequence full), not causal."""
+    if hkv <= 0 or hq % hkv:
+        raise ValueError(f"Hq {hq} is not a multiple of Hkv {hkv}")
+    return [Case(dtype=dtype, D=head_dim, causal=False, B=b, H=hq, Hkv=hkv, Nq=n, Nk=length)
+            for dtype in dtypes for n in nnew for b in batches for length in lengths]
+
+
+GRIDS: Dict[str, Callable[..., List[Case]]] = {"train": training_grid, "decode": decode_grid}
+
+
+def page_size(layout: str) -> int:
+    """'paged64' -> 64; 0 for the contiguous cache."""
+    return 0 if layout == CONTIGUOUS else int(layout[len("paged"):])
+
+
+def decode_series(impl: str, layout: str) -> str:
+    """The name of a decode row in tables and plots: the implementation, or the page layout for
+    flashcpp's paged rows ('paged16'). A peer that read expanded K/V keeps its own name."""
+    return layout if layout.startswith("paged") else impl
 
 
 def attended_pairs(nq: int, nk: int, causal: bool) -> float:
@@ -123,7 +165,7 @@ def forward_flops(case: Case) -> float:
 def mode_flops(case: Case, mode: str) -> float:
     """fwd = forward_flops; bwd = 2.5 x fwd (five matmuls instead of two); fwd+bwd = 3.5 x fwd."""
     fwd = forward_flops(case)
-    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[mode]
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd, DECODE_MODE: fwd}[mode]
 
 
 def mode_bytes(case: Case, mode: str) -> float:
@@ -131,7 +173,10 @@ def mode_bytes(case: Case, mode: str) -> float:
 
     fwd: read Q, K, V; write O (the LSE is not counted: inference forward).
     bwd: read Q, K, V, O, dO, LSE; write dQ, dK, dV.
+    decode: decode_bytes.
     """
+    if mode == DECODE_MODE:
+        return decode_bytes(case)
     e = DTYPE_BYTES[case.dtype]
     q = case.B * case.Nq * case.H * case.D * e
     kv = case.B * case.Nk * case.Hkv * case.D * e
@@ -139,6 +184,62 @@ def mode_bytes(case: Case, mode: str) -> float:
     fwd = q + 2 * kv + q
     bwd = (q + 2 * kv + q + q + lse) + (q + 2 * kv)
     return {"fwd": float(fwd), "bwd": float(bwd), "fwd+bwd": float(fwd + lse + bwd)}[mode]
+
+
+def kv_bytes(case: Case, kv_heads: int = 0) -> float:
+    """K and V of every sequence: B x L x heads x D x 2 tensors x element size. kv_heads is what
+    an implementation really reads (H for one that got K/V expanded); 0 means case.Hkv."""
+    return float(2 * case.B * case.Nk * (kv_heads or case.Hkv) * case.D * DTYPE_BYTES[case.dtype])
+
+
+def decode_bytes(case: Case, kv_heads: int = 0) -> float:
+    """Decode traffic: K and V read once (kv_bytes), Q read and O written. The block table of a
+    paged cache (4 bytes per page) is left out: under 0.2% of a page of 16 rows."""
+    q = case.B * case.Nq * case.H * case.D * DTYPE_BYTES[case.dtype]
+    return kv_bytes(case, kv_heads) + 2.0 * q
+
+
+def pages_per_sequence(length: int, page: int) -> int:
+    return -(-length // page)
+
+
+def cache_bytes(case: Case, layout: str) -> float:
+    """Device memory of one input set's K and V caches in `layout`: the contiguous cache, or a
+    page pool of B x (pages + 2) pages (the spare NaN pages, peers.shuffled_page_table) and its
+    int32 block table."""
+    page = page_size(layout)
+    if not page:
+        return kv_bytes(case)
+    n = pages_per_sequence(case.Nk, page)
+    pool_rows = case.B * (n + 2) * page
+    return float(2 * pool_rows * case.Hkv * case.D * DTYPE_BYTES[case.dtype] + case.B * (n + 1) * 4)
+
+
+def reference_bytes(case: Case) -> float:
+    """Working memory of reference.compute_decode: one sequence's K and V in float64 (twice, for
+    the transposed copies matmul may make) and its float64 scores (three score-sized tensors)."""
+    return 4.0 * case.Nk * case.Hkv * case.D * 8 + 3.0 * case.H * case.Nq * case.Nk * 8
+
+
+def plan_layouts(case: Case, layouts: Sequence[str], n_sets: int, budget: float,
+                 extra: float = 0.0) -> Tuple[List[str], List[str], float]:
+    """Which layouts of a decode case are held (all at once, n_sets input sets each) within
+    `budget` bytes, with `extra` bytes held beside them and the reference's working memory.
+    Layouts are taken in order; the contiguous cache first, because the pages are filled from
+    it and the paged rows are compared with it: when it does not fit, nothing runs.
+    Returns (kept, dropped, bytes of what is kept)."""
+    used = extra + reference_bytes(case)
+    kept: List[str] = []
+    dropped: List[str] = []
+    for layout in layouts:
+        need = n_sets * cache_bytes(case, layout)
+        base_ok = layout == CONTIGUOUS or CONTIGUOUS in kept
+        if base_ok and used + need <= budget:
+            kept.append(layout)
+            used += need
+        else:
+            dropped.append(layout)
+    return kept, dropped, used
 
 
 def tflops(flops: float, ms: float) -> float:

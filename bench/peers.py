@@ -10,14 +10,20 @@ Every input set is created once in BSHD memory ([B, N, H, D], the layout flashcp
 
 A peer returns a callable for each mode; `fn(i)` runs the mode once on input set i. Whatever a
 peer cannot do raises, and the harness records the cell as n/a with the exception's text.
+
+Decode (bench/decode_compare.py): a `DecodeInputSet` holds a full contiguous KV cache and, per
+paged layout, a shuffled page pool with the same keys and values. `FlashcppKVCachePeer` reads
+either through `flashcpp.attention_with_kvcache`; the SDPA peers get the contiguous cache as an
+`InputSet` (`DecodeInputSet.contiguous`) and run their `fwd`.
 """
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+import random
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from grid import Case
+from grid import CONTIGUOUS, Case, page_size, pages_per_sequence
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff": "EFFICIENT_ATTENTION"}
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
@@ -30,9 +36,14 @@ class InputSet:
         self.q, self.k, self.v, self.dout = q, k, v, dout
 
 
+def _torch_dtype(name: str):
+    import torch  # noqa: PLC0415
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
 def make_input_sets(case: Case, n_sets: int, seed: int = 0) -> List[InputSet]:
     import torch  # noqa: PLC0415
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    dtype = _torch_dtype(case.dtype)
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     sets = []
@@ -41,6 +52,75 @@ def make_input_sets(case: Case, n_sets: int, seed: int = 0) -> List[InputSet]:
             return torch.randn(case.B, n, h, case.D, device="cuda", dtype=dtype, generator=g)
         sets.append(InputSet(rnd(case.Nq, case.H), rnd(case.Nk, case.Hkv), rnd(case.Nk, case.Hkv),
                              rnd(case.Nq, case.H)))
+    return sets
+
+
+class DecodeInputSet:
+    """q [B, Nnew, Hq, D]; the contiguous caches k, v [B, L, Hkv, D], every sequence full
+    (cache_seqlens = L, int32 on the device); paged: layout -> (k_pool, v_pool, block_table)."""
+
+    def __init__(self, q, k, v, cache_seqlens, paged: Dict[str, tuple]):
+        self.q, self.k, self.v, self.cache_seqlens, self.paged = q, k, v, cache_seqlens, paged
+
+    def contiguous(self) -> InputSet:
+        """The contiguous cache as the training peers' input set (decode has no dO)."""
+        return InputSet(self.q, self.k, self.v, None)
+
+
+def shuffled_page_table(batch: int, pages: int, seed) -> Tuple[List[List[int]], int]:
+    """Block-table rows and the pool's page count for `batch` sequences of `pages` pages each.
+
+    The pool holds batch x (pages + 2) pages in a random order: every sequence's pages, then
+    per sequence one spare page named by an extra block-table column past its length and one
+    named by nothing. The spare pages hold NaN (_page_pool), so a kernel that reads past a
+    sequence's length or a page its block table does not name gives a non-finite output.
+    """
+    num_pages = batch * (pages + 2)
+    order = list(range(num_pages))
+    random.Random(seed).shuffle(order)
+    width = pages + 1
+    return [order[b * width:(b + 1) * width] for b in range(batch)], num_pages
+
+
+def _page_pool(cache, block_table, page: int, num_pages: int):
+    """cache [B, L, Hkv, D] written into a NaN-filled pool [num_pages, page, Hkv, D] at the
+    pages block_table names (page p of sequence b holds its rows p * page ...)."""
+    import torch  # noqa: PLC0415
+    _, length, heads, dim = cache.shape
+    pool = torch.full((num_pages, page, heads, dim), math.nan, dtype=cache.dtype,
+                      device=cache.device)
+    full, rest = divmod(length, page)
+    idx = block_table.long()
+    pool[idx[:, :full]] = cache[:, :full * page].unflatten(1, (full, page))
+    if rest:
+        pool[idx[:, full], :rest] = cache[:, full * page:]
+    return pool
+
+
+def make_decode_inputs(case: Case, layouts: Sequence[str], n_sets: int, seed: int = 0,
+                       device: str = "cuda") -> List[DecodeInputSet]:
+    """Random normal q and caches; for each paged layout a shuffled pool of the same values."""
+    import torch  # noqa: PLC0415
+    dtype = _torch_dtype(case.dtype)
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    sets = []
+    for i in range(n_sets):
+        def rnd(n, h):
+            return torch.randn(case.B, n, h, case.D, device=device, dtype=dtype, generator=g)
+        q, k, v = rnd(case.Nq, case.H), rnd(case.Nk, case.Hkv), rnd(case.Nk, case.Hkv)
+        seqlens = torch.full((case.B,), case.Nk, dtype=torch.int32, device=device)
+        paged = {}
+        for layout in layouts:
+            page = page_size(layout)
+            if not page:
+                continue
+            rows, num_pages = shuffled_page_table(case.B, pages_per_sequence(case.Nk, page),
+                                                  f"{seed}/{i}/{layout}")
+            table = torch.tensor(rows, dtype=torch.int32, device=device)
+            paged[layout] = (_page_pool(k, table, page, num_pages),
+                             _page_pool(v, table, page, num_pages), table)
+        sets.append(DecodeInputSet(q, k, v, seqlens, paged))
     return sets
 
 
@@ -313,6 +393,42 @@ class FlashcppPeer(Peer):
     def describe(self):
         info = getattr(self._mod, "last_run_info", lambda: None)()
         return f"{info.backend} {info.kernel}" if info else ""
+
+
+class FlashcppKVCachePeer(FlashcppPeer):
+    """flashcpp.attention_with_kvcache over the full caches of DecodeInputSets: the contiguous
+    cache, or the page pool and block table of `layout`. Its `fwd` is the decode step."""
+
+    has_backward = False
+
+    def __init__(self, layout: str = CONTIGUOUS):
+        super().__init__()
+        self.layout = layout
+
+    def available(self):
+        why = super().available()
+        if why is None and not hasattr(self._mod, "attention_with_kvcache"):
+            why = "this flashcpp has no attention_with_kvcache"
+        return why
+
+    def make_fwd(self):
+        att, scale = self._mod.attention_with_kvcache, softmax_scale(self.case)
+        args = []
+        for s in self.sets:
+            if self.layout == CONTIGUOUS:
+                args.append((s.q, s.k, s.v, s.cache_seqlens, None))
+            else:
+                k_pool, v_pool, table = s.paged[self.layout]
+                args.append((s.q, k_pool, v_pool, s.cache_seqlens, table))
+
+        def fn(i):
+            q, k, v, lens, table = args[i]
+            return att(q, k, v, cache_seqlens=lens, block_table=table, softmax_scale=scale)
+        return fn
+
+    def describe(self):
+        info = getattr(self._mod, "last_run_info", lambda: None)()
+        return f"{info.backend} {info.kernel}, {info.num_splits} splits" if info else ""
 
 
 def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",

@@ -4,6 +4,10 @@ It is the math of PyTorch's MATH backend in float32 on the same (bf16/fp16) inpu
 few heads at a time so that the score matrix of one chunk stays under ~1 GiB: at N = 16k the
 unchunked math path would need B*H*N^2*4 bytes (17 GB for H = 16) more than once.
 TF32 is switched off while it runs.
+
+Decode (compute_decode) has its own reference in float64: a query head reads its key/value
+head in place (the query heads of one group are stacked), one sequence at a time, so a 64k
+cache is neither expanded to Hq heads nor held in float64 whole.
 """
 from __future__ import annotations
 
@@ -70,6 +74,27 @@ def compute(q, k, v, dout, causal: bool, scale: float, grads: bool) -> Reference
     finally:
         torch.set_float32_matmul_precision(precision)
     return Reference(out, dq, dk, dv)
+
+
+def compute_decode(q, k, v, scale: float):
+    """out [B, Nq, Hq, D] float64 of q [B, Nq, Hq, D] over the full caches k, v [B, Nk, Hkv, D]
+    (not causal); query head h reads key/value head h // (Hq / Hkv)."""
+    import torch  # noqa: PLC0415
+
+    B, Nq, Hq, D = q.shape
+    Hkv = k.shape[2]
+    group = Hq // Hkv
+    out = torch.empty(B, Nq, Hq, D, device=q.device, dtype=torch.float64)
+    for b in range(B):
+        # [Nq, Hkv, group, D] -> [Hkv, group * Nq, D]: one matmul per key/value head
+        qb = q[b].double().view(Nq, Hkv, group, D).permute(1, 2, 0, 3).reshape(Hkv, group * Nq, D)
+        kb = k[b].double().transpose(0, 1)
+        vb = v[b].double().transpose(0, 1)
+        p = torch.softmax(torch.matmul(qb, kb.transpose(1, 2)) * scale, dim=-1)
+        o = torch.matmul(p, vb).view(Hkv, group, Nq, D).permute(2, 0, 1, 3)
+        out[b] = o.reshape(Nq, Hq, D)
+        del qb, kb, vb, p, o  # before the next sequence's copies: one sequence's worth at a time
+    return out
 
 
 def relative_error(got, ref) -> float:

@@ -1,6 +1,8 @@
 """Results of a run: the CSV, the printed table, summary.md, status.csv and meta.json.
 
 Pure Python (torch is imported only inside `collect_meta`, and only if it is installed).
+The decode mode (bench/decode_compare.py) writes the same files from `DecodeResult`s: two more
+CSV columns (`layout`, `pct_copy`), a `layout` column in status.csv and its own table.
 """
 from __future__ import annotations
 
@@ -15,15 +17,21 @@ import re
 import subprocess
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from grid import Case, gbps, mode_bytes, mode_flops, tflops
+from grid import (CONTIGUOUS, EXPANDED, LAYOUTS, Case, decode_bytes, decode_series, gbps,
+                  mode_bytes, mode_flops, size_label, tflops)
 
 CSV_COLUMNS = ("impl", "device", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "mode",
                "ms", "tflops", "gbps")
+DECODE_CSV_COLUMNS = CSV_COLUMNS + ("layout", "pct_copy")
 STATUS_COLUMNS = ("impl", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "mode", "status",
                   "max_err", "note")
+DECODE_STATUS_COLUMNS = STATUS_COLUMNS[:10] + ("layout",) + STATUS_COLUMNS[10:]
 # Column order of the table; flashcpp comes after its peers, then the ratios.
 IMPL_ORDER = ("cudnn", "fa2", "mem_eff", "flex", "flashcpp")
 RATIO_BASES = ("cudnn", "fa2")
+# A decode cell is host-bound when the host spends at least this fraction of the median GPU
+# time per call: the GPU then waits for launches, and the time says little about the kernel.
+HOST_BOUND_FRACTION = 0.8
 
 OK, NA, WRONG = "ok", "n/a", "wrong"
 
@@ -48,6 +56,65 @@ class Result:
     def gbps(self) -> float:
         return gbps(mode_bytes(self.case, self.mode), self.ms) if self.ms else math.nan
 
+    @property
+    def cell(self) -> str:
+        """What the cell is, for the lines of cells not measured."""
+        return f"{self.impl} {self.case.label} {self.mode}"
+
+    def csv_row(self, device: str) -> Dict[str, str]:
+        c = self.case
+        return {"impl": self.impl, "device": device, "dtype": c.dtype, "D": str(c.D),
+                "causal": str(int(c.causal)), "B": str(c.B), "H": str(c.H), "Hkv": str(c.Hkv),
+                "Nq": str(c.Nq), "Nk": str(c.Nk), "mode": self.mode, "ms": f"{self.ms:.6f}",
+                "tflops": f"{self.tflops:.2f}", "gbps": f"{self.gbps:.1f}"}
+
+    def status_row(self) -> Dict[str, object]:
+        c = self.case
+        return {"impl": self.impl, "dtype": c.dtype, "D": c.D, "causal": int(c.causal), "B": c.B,
+                "H": c.H, "Hkv": c.Hkv, "Nq": c.Nq, "Nk": c.Nk, "mode": self.mode,
+                "status": self.status,
+                "max_err": "" if self.max_err is None else f"{self.max_err:.3e}",
+                "note": " ".join(self.reason.split())}
+
+
+@dataclasses.dataclass
+class DecodeResult(Result):
+    """A decode cell: also the cache layout the implementation read (`contiguous`, `paged16`,
+    ..., or `expanded`: K/V repeated to Hq heads for a peer whose backend refused GQA; its
+    GB/s count the Hq heads it really read), the run's copy bandwidth, and whether the host was
+    too slow to keep the GPU busy (its per-call time is then mostly launch overhead)."""
+
+    layout: str = CONTIGUOUS
+    copy_gbps: float = math.nan
+    host_bound: bool = False
+
+    @property
+    def gbps(self) -> float:
+        heads = self.case.H if self.layout == EXPANDED else 0
+        return gbps(decode_bytes(self.case, heads), self.ms) if self.ms else math.nan
+
+    @property
+    def pct_copy(self) -> float:
+        return 100.0 * self.gbps / self.copy_gbps if self.copy_gbps > 0 else math.nan
+
+    @property
+    def series(self) -> str:
+        return decode_series(self.impl, self.layout)
+
+    @property
+    def cell(self) -> str:
+        return f"{self.impl} {self.layout} {self.case.label}"
+
+    def csv_row(self, device: str) -> Dict[str, str]:
+        row = super().csv_row(device)
+        row.update(layout=self.layout, pct_copy=f"{self.pct_copy:.1f}")
+        return row
+
+    def status_row(self) -> Dict[str, object]:
+        row = super().status_row()
+        row["layout"] = self.layout
+        return row
+
 
 def _fmt(x: float, digits: int = 4) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
@@ -55,23 +122,13 @@ def _fmt(x: float, digits: int = 4) -> str:
 
 def csv_rows(results: Iterable[Result], device: str) -> List[Dict[str, str]]:
     """Only measured cells; n/a and wrong cells go to status.csv with their reason."""
-    rows = []
-    for r in results:
-        if r.status != OK:
-            continue
-        c = r.case
-        rows.append({
-            "impl": r.impl, "device": device, "dtype": c.dtype, "D": str(c.D),
-            "causal": str(int(c.causal)), "B": str(c.B), "H": str(c.H), "Hkv": str(c.Hkv),
-            "Nq": str(c.Nq), "Nk": str(c.Nk), "mode": r.mode, "ms": f"{r.ms:.6f}",
-            "tflops": f"{r.tflops:.2f}", "gbps": f"{r.gbps:.1f}",
-        })
-    return rows
+    return [r.csv_row(device) for r in results if r.status == OK]
 
 
-def write_csv(path: str, results: Iterable[Result], device: str) -> None:
+def write_csv(path: str, results: Iterable[Result], device: str,
+              columns: Sequence[str] = CSV_COLUMNS) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(csv_rows(results, device))
 
@@ -81,15 +138,12 @@ def read_csv(path: str) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write_status_csv(path: str, results: Iterable[Result]) -> None:
+def write_status_csv(path: str, results: Iterable[Result],
+                     columns: Sequence[str] = STATUS_COLUMNS) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(STATUS_COLUMNS)
-        for r in results:
-            c = r.case
-            w.writerow([r.impl, c.dtype, c.D, int(c.causal), c.B, c.H, c.Hkv, c.Nq, c.Nk, r.mode,
-                        r.status, "" if r.max_err is None else f"{r.max_err:.3e}",
-                        " ".join(r.reason.split())])
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(r.status_row() for r in results)
 
 
 def cell_text(r: Optional[Result]) -> str:
@@ -111,22 +165,78 @@ def table_rows(results: Sequence[Result], impls: Sequence[str]) -> Tuple[List[st
     rows = []
     for (case, mode), cells in by_key.items():
         row = [case.label, mode] + [cell_text(cells.get(i)) for i in impls]
-        mine = cells.get("flashcpp")
-        for b in bases:
-            other = cells.get(b)
-            if mine and other and mine.status == OK and other.status == OK:
-                row.append(f"{other.ms / mine.ms:.2f}x")
-            else:
-                row.append("-")
+        row += [speedup(cells.get("flashcpp"), cells.get(b)) for b in bases]
         rows.append(row)
     return header, rows
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
-    """Aligned plain-text table (first column left, the rest right), or a markdown table."""
+def speedup(mine: Optional[Result], other: Optional[Result]) -> str:
+    """other's median time over mine ('1.10x': mine is 10% faster), '-' unless both ran."""
+    if mine and other and mine.status == OK and other.status == OK:
+        return f"{other.ms / mine.ms:.2f}x"
+    return "-"
+
+
+def decode_case_label(case: Case) -> str:
+    """'B64 L16k' (and ' Nnew4' when more than one token is new)."""
+    return f"B{case.B} L{size_label(case.Nk)}" + (f" Nnew{case.Nq}" if case.Nq != 1 else "")
+
+
+def decode_cell_text(r: Optional[DecodeResult]) -> str:
+    """'2810 84%' (GB/s, % of the copy bandwidth), with E when it read expanded K/V and h when
+    it was host-bound."""
+    if r is None or r.status != OK:
+        return cell_text(r)
+    marks = ("E" if r.layout == EXPANDED else "") + ("h" if r.host_bound else "")
+    return f"{r.gbps:.0f} {r.pct_copy:.0f}%" + (f" {marks}" if marks else "")
+
+
+def decode_series_order(present: Iterable[str]) -> List[str]:
+    """The peers, flashcpp, then flashcpp's paged rows (table columns and plot bars)."""
+    present = set(present)
+    order = [i for i in IMPL_ORDER if i in present] + [p for p in LAYOUTS if p in present]
+    return order + sorted(present - set(order))
+
+
+def decode_table_rows(results: Sequence[DecodeResult]) -> Tuple[List[str], List[List[str]]]:
+    """One row per case: each series' GB/s and % of copy, flashcpp over each peer, each paged
+    layout over flashcpp's contiguous cache (all ratios of median times, as in table_rows)."""
+    series = decode_series_order(r.series for r in results)
+    mine = "flashcpp" if "flashcpp" in series else None
+    bases = [b for b in RATIO_BASES if b in series and mine]
+    paged = [p for p in series if p.startswith("paged") and mine]
+    header = (["case"] + series + [f"flashcpp/{b}" for b in bases]
+              + [f"{p}/contig" for p in paged])
+    by_case: Dict[Case, Dict[str, DecodeResult]] = {}
+    for r in results:
+        by_case.setdefault(r.case, {})[r.series] = r
+    rows = []
+    for case, cells in by_case.items():
+        row = [decode_case_label(case)] + [decode_cell_text(cells.get(s)) for s in series]
+        row += [speedup(cells.get(mine), cells.get(b)) for b in bases]
+        row += [speedup(cells.get(p), cells.get(mine)) for p in paged]
+        rows.append(row)
+    return header, rows
+
+
+def decode_legend(results: Sequence[DecodeResult], copy_gbps: float) -> List[str]:
+    """The lines above the decode table: the problem, the units, the marks."""
+    c = results[0].case if results else None
+    problem = f"{c.dtype} Hq {c.H}, Hkv {c.Hkv}, D {c.D}, " if c else ""
+    return [f"decode, {problem}every sequence full; GB/s = (K + V + Q + O bytes) / median time "
+            f"and % of the device-to-device copy ({copy_gbps:.0f} GB/s, read + write)",
+            "A/B = B's median time over A's (above 1.00x: A is faster); "
+            "E: read K/V expanded to Hq heads (GQA refused; its bytes counted); "
+            f"h: host-bound (the host's time per call >= {HOST_BOUND_FRACTION:.0%} of the median)"]
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False,
+                 left: int = 2) -> str:
+    """Aligned plain-text table (the first `left` columns left, the rest right), or a markdown
+    table."""
     if markdown:
         lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join("---" if i < 2 else "---:" for i in range(len(header))) + "|"]
+                 "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
@@ -134,7 +244,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown:
     def line(cells):
         out = []
         for i, (x, w) in enumerate(zip(cells, widths)):
-            out.append(str(x).ljust(w) if i < 2 else str(x).rjust(w))
+            out.append(str(x).ljust(w) if i < left else str(x).rjust(w))
         return "  ".join(out).rstrip()
 
     sep = "  ".join("-" * w for w in widths)
@@ -150,7 +260,7 @@ def failure_lines(results: Iterable[Result]) -> List[str]:
             continue
         reason = " ".join(r.reason.split())[:300]
         err = f" (max err {r.max_err:.3g})" if r.max_err is not None else ""
-        line = f"{r.impl} {r.case.label} {r.mode}: {r.status}{err}: {reason}"
+        line = f"{r.cell}: {r.status}{err}: {reason}"
         if line not in seen:
             seen.add(line)
             out.append(line)
@@ -160,17 +270,30 @@ def failure_lines(results: Iterable[Result]) -> List[str]:
 def summary_markdown(results: Sequence[Result], impls: Sequence[str], meta: Dict[str, object],
                      command: str, plots: Sequence[str]) -> str:
     header, rows = table_rows(results, impls)
-    lines = [f"# Side-by-side attention benchmark, {meta.get('date', '')} on {meta.get('device', '')}",
-             "",
-             "TFLOP/s (higher is better); `flashcpp/X` is X's median time over flashcpp's "
-             "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `docs/benchmarking.md`.",
-             "",
+    intro = ("TFLOP/s (higher is better); `flashcpp/X` is X's median time over flashcpp's "
+             "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `docs/benchmarking.md`.")
+    return _summary("Side-by-side attention benchmark", intro,
+                    format_table(header, rows, markdown=True), results, meta, command, plots)
+
+
+def decode_summary_markdown(results: Sequence[DecodeResult], meta: Dict[str, object],
+                            command: str, plots: Sequence[str]) -> str:
+    header, rows = decode_table_rows(results)
+    legend = decode_legend(results, float(meta.get("copy_gbps", math.nan)))
+    intro = "\n\n".join(legend + ["Bytes and timing rules: `docs/benchmarking.md` (decode)."])
+    return _summary("Decode benchmark", intro, format_table(header, rows, markdown=True, left=1),
+                    results, meta, command, plots)
+
+
+def _summary(title: str, intro: str, table: str, results: Sequence[Result],
+             meta: Dict[str, object], command: str, plots: Sequence[str]) -> str:
+    lines = [f"# {title}, {meta.get('date', '')} on {meta.get('device', '')}", "", intro, "",
              "| | |", "|---|---|"]
     for key in ("device", "driver", "torch", "cuda", "cudnn", "triton", "flashcpp", "sdpa_layout",
-                "reps", "date"):
+                "copy_gbps", "reps", "date"):
         if key in meta:
             lines.append(f"| {key} | {meta[key]} |")
-    lines += ["", f"Command: `{command}`", "", format_table(header, rows, markdown=True), ""]
+    lines += ["", f"Command: `{command}`", "", table, ""]
     failures = failure_lines(results)
     if failures:
         lines += ["## Cells not measured", ""] + [f"- {f}" for f in failures] + [""]

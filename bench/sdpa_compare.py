@@ -184,11 +184,11 @@ def run_mode(peers, case, mode, ref, reps, rounds, n_sets, log) -> list:
         results[name] = R.Result(name, case, mode, R.OK, ms=st["median"], max_err=max_err,
                                  reason=note)
     del ready
-    _quiet_sync()
+    quiet_sync()
     return [results[p.name] for p in peers]
 
 
-def _quiet_sync() -> None:
+def quiet_sync() -> None:
     """synchronize + empty_cache that never raise (a kernel fault makes every later CUDA call
     fail; the cells after it become n/a with that error, the run still writes its files)."""
     import torch  # noqa: PLC0415
@@ -241,7 +241,7 @@ def run_grid(a, results, log=print) -> None:
                 for mode in a.mode_list:
                     results.append(R.Result(peer.name, case, mode, R.NA, reason=reason))
             sets = ref = None
-            _quiet_sync()
+            quiet_sync()
             continue
         prepared = []
         for peer in usable:  # once per case: flex compiles once per shape
@@ -260,7 +260,7 @@ def run_grid(a, results, log=print) -> None:
         for peer in prepared:
             peer.release()
         del sets, ref
-        _quiet_sync()
+        quiet_sync()
 
 
 def run_driver(a) -> int:

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU workflow, the same every session: build every kernel, run the GPU tests, the
-# sanitizers, the Python tests, the side-by-side benchmark and the teaching ladder (tutorial/).
+# sanitizers, the Python tests, the side-by-side benchmark, the decode benchmark and the
+# teaching ladder (tutorial/).
 #
 #   scripts/gpu_workflow.sh OUT_DIR [STAGE ...]
-#   stages: build test sanitize python bench ladder   (default: all, in that order)
+#   stages: build test sanitize python bench decode ladder   (default: all, in that order)
 #
-# Logs go to OUT_DIR/logs/<stage>.log, benchmark output to OUT_DIR/bench and OUT_DIR/ladder,
-# and OUT_DIR/summary.txt gets one line per stage; the summary and the benchmark table are
-# printed last. Needs .deps/ from scripts/bootstrap.sh (carry it to the GPU machine).
+# Logs go to OUT_DIR/logs/<stage>.log, benchmark output to OUT_DIR/bench, OUT_DIR/decode and
+# OUT_DIR/ladder, and OUT_DIR/summary.txt gets one line per stage; the summary and the
+# benchmark tables are printed last. Needs .deps/ from scripts/bootstrap.sh (carry it to the
+# GPU machine).
 # Environment: BENCH_ARGS (extra flags for bench/sdpa_compare.py, e.g. "--quick"),
+# DECODE_ARGS (extra flags for bench/decode_compare.py; its default grid takes ~1-2 minutes),
 # SANITIZE_FILTER (gtest filter for compute-sanitizer), BUILD_DIR (default build/gpu).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +19,7 @@ cd "$root"
 out="${1:?usage: scripts/gpu_workflow.sh OUT_DIR [STAGE ...]}"
 shift
 stages=("$@")
-((${#stages[@]})) || stages=(build test sanitize python bench ladder)
+((${#stages[@]})) || stages=(build test sanitize python bench decode ladder)
 build="${BUILD_DIR:-build/gpu}"
 python="${PYTHON:-python3}"
 mkdir -p "$out/logs"
@@ -69,6 +72,10 @@ stage_bench() {
   PYTHONPATH="$root/$build/python" "$python" bench/sdpa_compare.py --out "$out/bench" ${BENCH_ARGS:-}
 }
 
+stage_decode() {
+  PYTHONPATH="$root/$build/python" "$python" bench/decode_compare.py --out "$out/decode" ${DECODE_ARGS:-}
+}
+
 stage_ladder() {
   PYTHONPATH="$root/$build/python" "$python" tutorial/bench/ladder_compare.py \
     --ladder-bin "$build/tutorial/flashcpp-ladder" --cpu-bench "$build/bench/flashcpp-bench" \
@@ -87,7 +94,7 @@ done
 echo
 echo "==== summary ($out/summary.txt)"
 cat "$summary"
-for table in "$out/bench/table.txt" "$out/ladder/table.txt"; do
+for table in "$out/bench/table.txt" "$out/decode/table.txt" "$out/ladder/table.txt"; do
   [[ -f $table ]] && { echo; cat "$table"; }
 done
 exit $failed
