@@ -2,6 +2,7 @@
 // what was expected, e.g. "k: expected dtype bf16 (same as q), got fp16".
 #include "api/validate.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -481,6 +482,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     p.block_table = static_cast<const std::int32_t*>(t.block_table->data);
     p.block_table_stride = t.block_table->stride[0];
     p.page_size = static_cast<int>(t.k_cache.shape[1]);
+    const auto size = static_cast<unsigned>(p.page_size);
+    p.page_shift = std::has_single_bit(size) ? std::countr_zero(size) : -1;
     p.num_pages = static_cast<int>(t.k_cache.shape[0]);
   }
   if (t.k_new) {

@@ -72,6 +72,7 @@ struct KVCacheParams : ForwardParams {
   const std::int32_t* block_table = nullptr;
   std::int64_t block_table_stride = 0;
   int page_size = 0;  // keys per page (paged); 0 for a contiguous cache
+  int page_shift = -1;  // log2(page_size) when it is a power of two: shifts instead of divisions
   int num_pages = 0;  // pages in the pool (paged)
   // Appended when non-null: [B, Nnew, Hkv, D|Dv], written at rows cache_seqlens[b]...
   const void* k_new = nullptr;

@@ -10,8 +10,15 @@ namespace flashcpp::detail::cuda {
 
 // The page of `key` (paged caches), or -1 when the block table names a page outside the pool:
 // such keys are never read or written.
+__device__ __forceinline__ int page_of(const KVCacheParams& p, int key) {
+  return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+}
+__device__ __forceinline__ int row_in_page(const KVCacheParams& p, int key) {
+  return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
+}
+
 __device__ __forceinline__ int cache_page(const KVCacheParams& p, int b, int key) {
-  const int page = p.block_table[b * p.block_table_stride + key / p.page_size];
+  const int page = p.block_table[b * p.block_table_stride + page_of(p, key)];
   return page >= 0 && page < p.num_pages ? page : -1;
 }
 
@@ -20,7 +27,7 @@ __device__ __forceinline__ int cache_page(const KVCacheParams& p, int b, int key
 __device__ __forceinline__ std::int64_t kvcache_row_offset(const KVCacheParams& p, const Strides& s,
                                                            int b, int page, int key, int head) {
   if (!p.paged()) return b * s.batch + std::int64_t(key) * s.row + std::int64_t(head) * s.head;
-  return page * s.batch + std::int64_t(key % p.page_size) * s.row + std::int64_t(head) * s.head;
+  return page * s.batch + std::int64_t(row_in_page(p, key)) * s.row + std::int64_t(head) * s.head;
 }
 
 // The same in one step, or -1 for a key on an out-of-range page.

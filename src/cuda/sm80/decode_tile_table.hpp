@@ -24,8 +24,8 @@ inline constexpr int kDecodeRows = 16;  // rows per CTA: one mma.sync m16 tile
 inline constexpr int kDecodeWarps = 4;
 
 inline constexpr DecodeTile kDecodeTiles[] = {
-    {64, 64, 4, 1},
-    {128, 64, 4, 1},
+    {64, 64, 4, 2},
+    {128, 64, 3, 2},
     {256, 64, 2, 1},
 };
 
