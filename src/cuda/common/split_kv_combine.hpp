@@ -46,16 +46,34 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
                  seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head);
   const float* o_s = kp.o_accum + row_id * p.head_dim_v;
   const std::int64_t split_stride = rows_per_split * p.head_dim_v;
-  for (int d = lane; d < p.head_dim_v; d += 32) {
-    float acc = 0.f;
-    if (!empty) {
-      for (int s = 0; s < kp.num_splits; ++s) {
-        const float l = lse_s[s * rows_per_split];
-        if (l != -INFINITY) acc += expf(l - lse) * o_s[s * split_stride + d];
+  // Lane j of a 32-split chunk computes split j's weight once; the warp then walks the chunk
+  // with the weight broadcast, each lane adding its head-dim columns. The loads of different
+  // splits do not depend on each other, so unrolling keeps several in flight (a plain loop over
+  // 33 splits waited for each L2 load in turn). A split that saw no key has weight 0 and its
+  // partial O is never multiplied (it may be unwritten).
+  constexpr int kColsPerLane = 8;  // head dims up to 256
+  float acc[kColsPerLane] = {};
+  if (!empty) {
+    for (int s0 = 0; s0 < kp.num_splits; s0 += 32) {
+      const int s = s0 + lane;
+      const float l = s < kp.num_splits ? lse_s[s * rows_per_split] : -INFINITY;
+      const float w = l == -INFINITY ? 0.f : expf(l - lse);
+      const int chunk = min(32, kp.num_splits - s0);
+#pragma unroll 4
+      for (int j = 0; j < chunk; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, w, j);
+        const float* o = o_s + (s0 + j) * split_stride;
+#pragma unroll
+        for (int c = 0; c < kColsPerLane; ++c) {
+          const int d = lane + 32 * c;
+          if (d < p.head_dim_v) acc[c] = wj == 0.f ? acc[c] : fmaf(wj, o[d], acc[c]);
+        }
       }
     }
-    out[d] = Element(acc);
   }
+#pragma unroll
+  for (int c = 0; c < kColsPerLane; ++c)
+    if (lane + 32 * c < p.head_dim_v) out[lane + 32 * c] = Element(acc[c]);
   if (lane == 0 && p.lse != nullptr)
     p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride + seq.row_q + i] = lse;
 }
