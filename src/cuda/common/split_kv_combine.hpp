@@ -2,8 +2,9 @@
 // Split-KV combine: merges the fp32 partial O and lse of every split by their lse
 //   lse = m + log(sum_s exp(lse_s - m)),  O = sum_s exp(lse_s - lse) * O_s
 // with m = max_s lse_s. Splits that saw no key have lse_s = -inf and weight 0; a row no
-// split saw gets O = 0 and lse = -inf. One warp per (batch, head, row): lanes run along the
-// head dim, so the partial-O reads are coalesced.
+// split saw gets O = 0 and lse = -inf. One warp per (batch, head, row, 32 columns): lanes run
+// along the head dim, so the partial-O reads are coalesced, and a few rows (decode) still
+// spread over many warps.
 #include <cmath>
 #include <cstdint>
 
@@ -16,14 +17,22 @@ namespace flashcpp::detail::cuda {
 
 inline constexpr int kCombineWarps = 4;
 
+// Warps of the combine: one per (row, 32 columns of the head dim).
+inline std::int64_t combine_warps(const ForwardParams& p) {
+  return std::int64_t(p.batch) * p.heads_q * p.seqlen_q * ((p.head_dim_v + 31) / 32);
+}
+
 template <class Element>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     fwd_combine_kernel(const __grid_constant__ FwdKernelParams kp) {
   const ForwardParams& p = kp.p;
   const int lane = threadIdx.x % 32;
-  const std::int64_t row_id = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int col_groups = (p.head_dim_v + 31) / 32;
+  const std::int64_t warp = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
   const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  const std::int64_t row_id = warp / col_groups;
   if (row_id >= rows_per_split) return;
+  const int d = int(warp % col_groups) * 32 + lane;
   const int i = int(row_id % p.seqlen_q);
   const std::int64_t bh = row_id / p.seqlen_q;
   const int head = int(bh % p.heads_q);
@@ -42,39 +51,30 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const bool empty = sum == 0.f || sum != sum;
   const float lse = empty ? -INFINITY : m + logf(sum);
 
-  Element* out = static_cast<Element*>(p.out) +
-                 seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head);
-  const float* o_s = kp.o_accum + row_id * p.head_dim_v;
-  const std::int64_t split_stride = rows_per_split * p.head_dim_v;
   // Lane j of a 32-split chunk computes split j's weight once; the warp then walks the chunk
-  // with the weight broadcast, each lane adding its head-dim columns. The loads of different
-  // splits do not depend on each other, so unrolling keeps several in flight (a plain loop over
-  // 33 splits waited for each L2 load in turn). A split that saw no key has weight 0 and its
-  // partial O is never multiplied (it may be unwritten).
-  constexpr int kColsPerLane = 8;  // head dims up to 256
-  float acc[kColsPerLane] = {};
+  // with the weight broadcast. The loads of different splits do not depend on each other, so
+  // unrolling keeps several in flight (a plain loop waited for each L2 load in turn). A split
+  // that saw no key has weight 0 and its partial O is never multiplied (it may be unwritten).
+  const float* o_s = kp.o_accum + row_id * p.head_dim_v + d;
+  const std::int64_t split_stride = rows_per_split * p.head_dim_v;
+  float acc = 0.f;
   if (!empty) {
     for (int s0 = 0; s0 < kp.num_splits; s0 += 32) {
       const int s = s0 + lane;
       const float l = s < kp.num_splits ? lse_s[s * rows_per_split] : -INFINITY;
       const float w = l == -INFINITY ? 0.f : expf(l - lse);
       const int chunk = min(32, kp.num_splits - s0);
-#pragma unroll 4
+#pragma unroll 8
       for (int j = 0; j < chunk; ++j) {
         const float wj = __shfl_sync(0xffffffffu, w, j);
-        const float* o = o_s + (s0 + j) * split_stride;
-#pragma unroll
-        for (int c = 0; c < kColsPerLane; ++c) {
-          const int d = lane + 32 * c;
-          if (d < p.head_dim_v) acc[c] = wj == 0.f ? acc[c] : fmaf(wj, o[d], acc[c]);
-        }
+        if (d < p.head_dim_v && wj != 0.f) acc = fmaf(wj, o_s[(s0 + j) * split_stride], acc);
       }
     }
   }
-#pragma unroll
-  for (int c = 0; c < kColsPerLane; ++c)
-    if (lane + 32 * c < p.head_dim_v) out[lane + 32 * c] = Element(acc[c]);
-  if (lane == 0 && p.lse != nullptr)
+  if (d < p.head_dim_v)
+    static_cast<Element*>(p.out)[seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head) + d] =
+        Element(acc);
+  if (d == 0 && p.lse != nullptr)
     p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride + seq.row_q + i] = lse;
 }
 

@@ -32,6 +32,10 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   constexpr int smem = Traits::kSmemBytes;
   if constexpr (smem > 48 * 1024)
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // The tile is sized for ctas_per_sm resident CTAs: ask for the shared-memory carve-out
+  // that holds them (the default may keep L1 larger and fit fewer).
+  FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
   const std::int64_t seq_heads = std::int64_t(p.batch) * p.heads_kv;
   if (seq_heads > INT_MAX || kp.num_splits > 65535 || kp.num_m_tiles > 65535)
     throw Error("q: batch x kv heads, splits or row tiles exceed the decode kernel's grid");
@@ -45,8 +49,7 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
     fk.num_splits = kp.num_splits;
     fk.o_accum = kp.o_accum;
     fk.lse_accum = kp.lse_accum;
-    const std::int64_t rows = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
-    const std::int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+    const std::int64_t blocks = (combine_warps(p) + kCombineWarps - 1) / kCombineWarps;
     if (blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
     fwd_combine_kernel<Element><<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(fk);
     FLASHCPP_CUDA_CHECK(cudaGetLastError());

@@ -30,8 +30,7 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   kernel<<<unsigned(blocks), Traits::kNThreads, smem, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
   if (kp.num_splits > 1) {
-    const std::int64_t rows = std::int64_t(kp.p.batch) * kp.p.heads_q * kp.p.seqlen_q;
-    const std::int64_t combine_blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+    const std::int64_t combine_blocks = (combine_warps(kp.p) + kCombineWarps - 1) / kCombineWarps;
     if (combine_blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
     fwd_combine_kernel<Element><<<unsigned(combine_blocks), kCombineWarps * 32, 0, stream>>>(kp);
     FLASHCPP_CUDA_CHECK(cudaGetLastError());
