@@ -7,6 +7,10 @@ copy bandwidth measured in the same process (docs/benchmarking.md, "Decode").
   python3 bench/decode_compare.py               # B 1/8/64 x L 1k..64k, Nnew 1 (~1-2 minutes)
   python3 bench/decode_compare.py --quick       # two cells: B 8, L 1k and 16k
   python3 bench/decode_compare.py --nnew 1,4,16 --layouts contiguous,paged16,paged256
+  python3 bench/decode_compare.py --no-graph    # each call timed on its own (host-bound cells)
+
+Every row is timed as replays of a CUDA graph of its calls (--graph, the default), as an
+inference engine runs its decode steps; a row whose capture fails is timed per call (`p`).
 
 Writes results.csv, status.csv, meta.json, table.txt, summary.md and one PNG per number of new
 tokens into --out (default bench/results/<date>-<device>/decode/).
@@ -28,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grid as G  # noqa: E402
 import report as R  # noqa: E402
 import sdpa_compare as SC  # noqa: E402
+import timing as T  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECODE_IMPLS = ("flashcpp", "cudnn", "fa2")
@@ -67,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed calls per cell and round, median reported (>= {SC.MIN_REPS})")
     p.add_argument("--rounds", type=int, default=2,
                    help="timing rounds per cell, the implementations' order rotating each round")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="time replays of a CUDA graph of each row's calls, time per call = "
+                        "replay time / calls (default); --no-graph: CUDA events around each "
+                        "Python call, which small cells spend waiting for the host")
     p.add_argument("--quick", action="store_true",
                    help="two cells: B 8, L 1k and 16k (explicit --batches / --lengths win)")
     p.add_argument("--sdpa-layout", choices=("bshd-view", "bhsd"), default="bshd-view",
@@ -108,11 +117,31 @@ def copy_bandwidth(reps: int) -> float:
     """GB/s of a device-to-device copy of COPY_BYTES (bytes read + bytes written over the
     median time), timed like the cells."""
     import torch  # noqa: PLC0415
-    import timing  # noqa: PLC0415
     src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    st = timing.time_calls(lambda i: dst.copy_(src), reps=reps)
+    st = T.time_calls(lambda i: dst.copy_(src), reps=reps)
     return G.gbps(2 * COPY_BYTES, st["median"])
+
+
+def timed_fns(ready: dict, n_sets: int, graph: bool):
+    """What time_interleaved times for each row of `ready` (series -> Entry), and series ->
+    calls per replay for those that are graphs (timing.capture). Without `graph`, or where the
+    capture raised (entry.reason then says why), the row is timed per call, in a HostClock."""
+    fns, calls = {}, {}
+    n = T.graph_calls(n_sets)
+    for name, entry in ready.items():
+        if graph:
+            try:
+                with entry.peer.context():
+                    fns[name], calls[name] = T.capture(entry.fn, n_sets, n), n
+                continue
+            except Exception as e:  # noqa: BLE001 (not capturable: timed per call, marked p)
+                # an invalidated capture raises again on leaving torch.cuda.graph: the first
+                # error says why
+                why = "timed per call: CUDA graph capture failed: " + _reason(e.__context__ or e)
+                entry.reason = "; ".join(x for x in (entry.reason, why) if x)
+        fns[name] = HostClock(entry.fn)
+    return fns, calls
 
 
 class HostClock:
@@ -227,7 +256,6 @@ def run_case(case: G.Case, a, usable, copy_gbps: float, l2: float, log) -> list:
     are freed when it returns."""
     import peers as P  # noqa: PLC0415
     import reference  # noqa: PLC0415
-    import timing  # noqa: PLC0415
 
     def result(impl, layout, status, **kw):
         return R.DecodeResult(impl, case, G.DECODE_MODE, status, layout=layout,
@@ -277,11 +305,11 @@ def run_case(case: G.Case, a, usable, copy_gbps: float, l2: float, log) -> list:
         entries.append(entry)
 
     ready = {e.series: e for e in entries if e.status == R.OK}
-    clocks = {name: HostClock(e.fn) for name, e in ready.items()}
+    fns, calls = timed_fns(ready, n_sets, a.graph)
     try:
-        stats = timing.time_interleaved(
-            clocks, n_sets=n_sets, reps=a.reps, rounds=a.rounds,
-            contexts={name: e.peer.context for name, e in ready.items()})
+        stats = T.time_interleaved(
+            fns, n_sets=n_sets, reps=a.reps, rounds=a.rounds,
+            contexts={name: e.peer.context for name, e in ready.items()}, calls=calls)
     except Exception as e:  # noqa: BLE001 (a failure outside any one fn: every row n/a)
         stats = {name: e for name in ready}
     for entry in entries:
@@ -293,11 +321,18 @@ def run_case(case: G.Case, a, usable, copy_gbps: float, l2: float, log) -> list:
             results.append(result(entry.impl, entry.layout, entry.status, max_err=entry.max_err,
                                   reason=entry.reason))
             continue
-        host_ms = clocks[entry.series].ms_per_call
-        r = result(entry.impl, entry.layout, R.OK, ms=st["median"], max_err=entry.max_err,
-                   host_bound=host_ms >= R.HOST_BOUND_FRACTION * st["median"])
-        notes = [f"p10 {st['p10']:.4f} ms, p90 {st['p90']:.4f} ms",
-                 f"host {host_ms * 1e3:.1f} us/call" + (" (host-bound)" if r.host_bound else "")]
+        n = calls.get(entry.series)
+        if n:
+            r = result(entry.impl, entry.layout, R.OK, ms=st["median"], max_err=entry.max_err)
+            timed = (f"CUDA graph of {n} calls, {T.replays(a.reps, n)} replays a round "
+                     "(host time not measured)")
+        else:
+            host_ms = fns[entry.series].ms_per_call
+            r = result(entry.impl, entry.layout, R.OK, ms=st["median"], max_err=entry.max_err,
+                       timing=R.PER_CALL,
+                       host_bound=host_ms >= R.HOST_BOUND_FRACTION * st["median"])
+            timed = f"host {host_ms * 1e3:.1f} us/call" + (" (host-bound)" if r.host_bound else "")
+        notes = [f"p10 {st['p10']:.4f} ms, p90 {st['p90']:.4f} ms", timed]
         notes += [f"ran {entry.ran}"] if entry.ran else []
         notes += [entry.reason] if entry.reason else []
         r.reason = "; ".join(notes)
@@ -351,13 +386,17 @@ def main(argv=None) -> int:
     command = "python3 bench/decode_compare.py " + " ".join(shlex.quote(x) for x in args)
     copy_gbps = copy_bandwidth(a.reps)
     SC.quiet_sync()  # its 2 GiB go back before the first case
-    meta.update({"mode": G.DECODE_MODE, "command": command, "reps": a.reps, "rounds": a.rounds,
-                 "impls": a.impl_list, "layouts": a.layout_list, "sdpa_layout": a.sdpa_layout,
+    timing = R.GRAPH if a.graph else R.PER_CALL
+    meta.update({"mode": G.DECODE_MODE, "command": command, "timing": timing,
+                 **({"graph_calls": T.GRAPH_CALLS} if a.graph else {}),
+                 "reps": a.reps, "rounds": a.rounds, "impls": a.impl_list,
+                 "layouts": a.layout_list, "sdpa_layout": a.sdpa_layout,
                  "mem_fraction": a.mem_fraction, "copy_bytes": COPY_BYTES,
                  "copy_gbps": round(copy_gbps, 1)})
     R.write_meta(os.path.join(out, "meta.json"), meta)
     print(f"device {device}, torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "
           f"cuDNN {meta.get('cudnn')}, driver {meta.get('driver')}; copy {copy_gbps:.0f} GB/s; "
+          f"timing {timing}; "
           f"{len(a.cases)} cases x {len(a.impl_list)} impls, layouts {','.join(a.layout_list)} "
           f"-> {out}", flush=True)
 
@@ -378,8 +417,8 @@ def main(argv=None) -> int:
         plots = PL.write_decode_plots(R.csv_rows(results, device), out, device)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(R.decode_summary_markdown(results, meta, command, plots))
-    header, rows = R.decode_table_rows(results)
-    text = "\n".join([f"{device}: " + "\n".join(R.decode_legend(results, copy_gbps)),
+    header, rows = R.decode_table_rows(results, timing)
+    text = "\n".join([f"{device}: " + "\n".join(R.decode_legend(results, copy_gbps, timing)),
                       R.format_table(header, rows, left=1)])
     with open(os.path.join(out, "table.txt"), "w") as f:
         f.write(text + "\n")

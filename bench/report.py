@@ -1,8 +1,8 @@
 """Results of a run: the CSV, the printed table, summary.md, status.csv and meta.json.
 
 Pure Python (torch is imported only inside `collect_meta`, and only if it is installed).
-The decode mode (bench/decode_compare.py) writes the same files from `DecodeResult`s: two more
-CSV columns (`layout`, `pct_copy`), a `layout` column in status.csv and its own table.
+The decode mode (bench/decode_compare.py) writes the same files from `DecodeResult`s: three more
+CSV columns (`layout`, `pct_copy`, `timing`), a `layout` column in status.csv and its own table.
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from grid import (CONTIGUOUS, EXPANDED, LAYOUTS, Case, decode_bytes, decode_series, gbps,
                   mode_bytes, mode_flops, size_label, tflops)
+from timing import GRAPH_CALLS
 
 CSV_COLUMNS = ("impl", "device", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "mode",
                "ms", "tflops", "gbps")
-DECODE_CSV_COLUMNS = CSV_COLUMNS + ("layout", "pct_copy")
+DECODE_CSV_COLUMNS = CSV_COLUMNS + ("layout", "pct_copy", "timing")
 STATUS_COLUMNS = ("impl", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "mode", "status",
                   "max_err", "note")
 DECODE_STATUS_COLUMNS = STATUS_COLUMNS[:10] + ("layout",) + STATUS_COLUMNS[10:]
@@ -32,6 +33,8 @@ RATIO_BASES = ("cudnn", "fa2")
 # A decode cell is host-bound when the host spends at least this fraction of the median GPU
 # time per call: the GPU then waits for launches, and the time says little about the kernel.
 HOST_BOUND_FRACTION = 0.8
+# How a decode row was timed: replays of a CUDA graph of its calls, or each call on its own.
+GRAPH, PER_CALL = "graph", "per-call"
 
 OK, NA, WRONG = "ok", "n/a", "wrong"
 
@@ -81,11 +84,13 @@ class Result:
 class DecodeResult(Result):
     """A decode cell: also the cache layout the implementation read (`contiguous`, `paged16`,
     ..., or `expanded`: K/V repeated to Hq heads for a peer whose backend refused GQA; its
-    GB/s count the Hq heads it really read), the run's copy bandwidth, and whether the host was
-    too slow to keep the GPU busy (its per-call time is then mostly launch overhead)."""
+    GB/s count the Hq heads it really read), the run's copy bandwidth, how it was timed
+    (GRAPH or PER_CALL) and, timed per call, whether the host was too slow to keep the GPU busy
+    (its per-call time is then mostly launch overhead; not measured for a graph)."""
 
     layout: str = CONTIGUOUS
     copy_gbps: float = math.nan
+    timing: str = GRAPH
     host_bound: bool = False
 
     @property
@@ -107,7 +112,7 @@ class DecodeResult(Result):
 
     def csv_row(self, device: str) -> Dict[str, str]:
         row = super().csv_row(device)
-        row.update(layout=self.layout, pct_copy=f"{self.pct_copy:.1f}")
+        row.update(layout=self.layout, pct_copy=f"{self.pct_copy:.1f}", timing=self.timing)
         return row
 
     def status_row(self) -> Dict[str, object]:
@@ -182,12 +187,14 @@ def decode_case_label(case: Case) -> str:
     return f"B{case.B} L{size_label(case.Nk)}" + (f" Nnew{case.Nq}" if case.Nq != 1 else "")
 
 
-def decode_cell_text(r: Optional[DecodeResult]) -> str:
-    """'2810 84%' (GB/s, % of the copy bandwidth), with E when it read expanded K/V and h when
-    it was host-bound."""
+def decode_cell_text(r: Optional[DecodeResult], timing: str = GRAPH) -> str:
+    """'2810 84%' (GB/s, % of the copy bandwidth), with E when it read expanded K/V, p when it
+    was timed per call in a run that timed graphs (`timing`), h when it was host-bound."""
     if r is None or r.status != OK:
         return cell_text(r)
-    marks = ("E" if r.layout == EXPANDED else "") + ("h" if r.host_bound else "")
+    per_call = r.timing == PER_CALL and timing == GRAPH
+    marks = ("E" if r.layout == EXPANDED else "") + ("p" if per_call else "") + (
+        "h" if r.host_bound else "")
     return f"{r.gbps:.0f} {r.pct_copy:.0f}%" + (f" {marks}" if marks else "")
 
 
@@ -198,9 +205,11 @@ def decode_series_order(present: Iterable[str]) -> List[str]:
     return order + sorted(present - set(order))
 
 
-def decode_table_rows(results: Sequence[DecodeResult]) -> Tuple[List[str], List[List[str]]]:
+def decode_table_rows(results: Sequence[DecodeResult], timing: str = GRAPH
+                      ) -> Tuple[List[str], List[List[str]]]:
     """One row per case: each series' GB/s and % of copy, flashcpp over each peer, each paged
-    layout over flashcpp's contiguous cache (all ratios of median times, as in table_rows)."""
+    layout over flashcpp's contiguous cache (all ratios of median times, as in table_rows);
+    `timing` is the run's (decode_cell_text)."""
     series = decode_series_order(r.series for r in results)
     mine = "flashcpp" if "flashcpp" in series else None
     bases = [b for b in RATIO_BASES if b in series and mine]
@@ -212,22 +221,33 @@ def decode_table_rows(results: Sequence[DecodeResult]) -> Tuple[List[str], List[
         by_case.setdefault(r.case, {})[r.series] = r
     rows = []
     for case, cells in by_case.items():
-        row = [decode_case_label(case)] + [decode_cell_text(cells.get(s)) for s in series]
+        row = [decode_case_label(case)]
+        row += [decode_cell_text(cells.get(s), timing) for s in series]
         row += [speedup(cells.get(mine), cells.get(b)) for b in bases]
         row += [speedup(cells.get(p), cells.get(mine)) for p in paged]
         rows.append(row)
     return header, rows
 
 
-def decode_legend(results: Sequence[DecodeResult], copy_gbps: float) -> List[str]:
-    """The lines above the decode table: the problem, the units, the marks."""
+def decode_legend(results: Sequence[DecodeResult], copy_gbps: float,
+                  timing: str = GRAPH) -> List[str]:
+    """The lines above the decode table: the problem, the units, how it was timed (the run's
+    `timing`), the marks."""
     c = results[0].case if results else None
     problem = f"{c.dtype} Hq {c.H}, Hkv {c.Hkv}, D {c.D}, " if c else ""
+    host_bound = f"the host's time per call >= {HOST_BOUND_FRACTION:.0%} of the median"
+    if timing == GRAPH:
+        how = (f"timed as CUDA graphs of >= {GRAPH_CALLS} calls, time per call = replay time / "
+               "calls (the host's time is not in it, and not measured)")
+        marks = ("p: timed per call, its CUDA graph capture failed (status.csv says why), "
+                 f"and h if host-bound there ({host_bound})")
+    else:
+        how = "timed per call (CUDA events around each Python call)"
+        marks = f"h: host-bound ({host_bound})"
     return [f"decode, {problem}every sequence full; GB/s = (K + V + Q + O bytes) / median time "
-            f"and % of the device-to-device copy ({copy_gbps:.0f} GB/s, read + write)",
+            f"and % of the device-to-device copy ({copy_gbps:.0f} GB/s, read + write); {how}",
             "A/B = B's median time over A's (above 1.00x: A is faster); "
-            "E: read K/V expanded to Hq heads (GQA refused; its bytes counted); "
-            f"h: host-bound (the host's time per call >= {HOST_BOUND_FRACTION:.0%} of the median)"]
+            "E: read K/V expanded to Hq heads (GQA refused; its bytes counted); " + marks]
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False,
@@ -278,8 +298,9 @@ def summary_markdown(results: Sequence[Result], impls: Sequence[str], meta: Dict
 
 def decode_summary_markdown(results: Sequence[DecodeResult], meta: Dict[str, object],
                             command: str, plots: Sequence[str]) -> str:
-    header, rows = decode_table_rows(results)
-    legend = decode_legend(results, float(meta.get("copy_gbps", math.nan)))
+    timing = str(meta.get("timing", GRAPH))
+    header, rows = decode_table_rows(results, timing)
+    legend = decode_legend(results, float(meta.get("copy_gbps", math.nan)), timing)
     intro = "\n\n".join(legend + ["Bytes and timing rules: `docs/benchmarking.md` (decode)."])
     return _summary("Decode benchmark", intro, format_table(header, rows, markdown=True, left=1),
                     results, meta, command, plots)
@@ -290,7 +311,7 @@ def _summary(title: str, intro: str, table: str, results: Sequence[Result],
     lines = [f"# {title}, {meta.get('date', '')} on {meta.get('device', '')}", "", intro, "",
              "| | |", "|---|---|"]
     for key in ("device", "driver", "torch", "cuda", "cudnn", "triton", "flashcpp", "sdpa_layout",
-                "copy_gbps", "reps", "date"):
+                "copy_gbps", "timing", "graph_calls", "reps", "date"):
         if key in meta:
             lines.append(f"| {key} | {meta[key]} |")
     lines += ["", f"Command: `{command}`", "", table, ""]

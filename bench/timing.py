@@ -15,6 +15,9 @@ The implementations of one cell are timed in rounds (time_interleaved), the orde
 round to round: the one timed right after the cell's checks (an idle gap) met a clock still
 settling, and with a fixed order that was always the same one (flashcpp's D128 N = 2k backward
 spread over 1.48-1.65 ms across runs where cuDNN, timed second, stayed within 1.45-1.50 ms).
+A call too short for the host to keep ahead of (a decode step of 10-60 us against 30-120 us of
+Python per call) is timed as a CUDA graph instead (capture): `calls` calls captured into one
+graph, each replay timed between events like a call, its time divided by `calls`.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ WARMUP_MS = 300.0      # sustained warm-up, at least WARMUP_MIN calls and at mos
 WARMUP_MIN = 3
 WARMUP_MAX = 2000
 QUEUE_AHEAD_MS = 20.0  # how long the spin kernel holds the GPU while the host queues calls
+GRAPH_CALLS = 20       # calls captured into one CUDA graph, at the least (graph_calls)
+MIN_REPLAYS = 10       # timed replays of a graph per round, at the least (replays)
 
 
 def summarize(times_ms: List[float]) -> Dict[str, float]:
@@ -60,22 +65,57 @@ def rotation_orders(names: Sequence[str], rounds: int) -> List[List[str]]:
     return [[names[(r + i) % k] for i in range(k)] for r in range(rounds)] if k else []
 
 
+def graph_calls(n_sets: int) -> int:
+    """Calls captured into one graph: at least GRAPH_CALLS, and whole passes over the input
+    sets, so that the replays go on rotating through every set in order."""
+    return n_sets * -(-GRAPH_CALLS // n_sets)
+
+
+def replays(reps: int, calls: int) -> int:
+    """Timed replays per round of a graph of `calls` calls: at least MIN_REPLAYS, and at least
+    `reps` calls in all."""
+    return max(MIN_REPLAYS, -(-reps // calls))
+
+
+def capture(fn: Callable[[int], object], n_sets: int, calls: int) -> Callable[[int], object]:
+    """fn(0), fn(1), ... (`calls` calls, the input sets cycling) captured into one CUDA graph,
+    after a warm-up outside the capture on a side stream (PyTorch's rule for torch.cuda.graph:
+    lazy initialisation, such as a library's workspace, must not happen in the capture).
+    Returns a callable that replays the graph (its argument is ignored)."""
+    import torch  # noqa: PLC0415
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(max(WARMUP_MIN, n_sets)):
+            fn(i % n_sets)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i % n_sets)
+    return lambda i: graph.replay()
+
+
 def time_interleaved(fns: Dict[str, Callable[[int], object]], n_sets: int = 1, reps: int = 100,
-                     rounds: int = 2, contexts: Optional[Dict[str, Callable]] = None
-                     ) -> Dict[str, object]:
+                     rounds: int = 2, contexts: Optional[Dict[str, Callable]] = None,
+                     calls: Optional[Dict[str, int]] = None) -> Dict[str, object]:
     """Times every fn of one cell in `rounds` rounds (rotation_orders), each round a sustained
     warm-up and `reps` timed calls per fn, inside contexts[name]() if given (entered once per
     round, not per call); returns name -> summarize() over all its rounds' calls, or name -> the
-    exception that stopped its timing (the others go on)."""
+    exception that stopped its timing (the others go on). calls[name]: fn is the replay of a
+    graph of that many calls (capture); it runs replays(reps, calls) times a round, and each of
+    its times counts divided by `calls`: the summary is over per-replay averages."""
     times: Dict[str, List[float]] = {name: [] for name in fns}
     failed: Dict[str, BaseException] = {}
     for order in rotation_orders(list(fns), rounds):
         for name in order:
             if name in failed:
                 continue
+            k = (calls or {}).get(name, 1)
             try:
                 with (contexts[name]() if contexts else contextlib.nullcontext()):
-                    times[name] += timed_calls(fns[name], n_sets, reps)
+                    ts = timed_calls(fns[name], n_sets, reps if k == 1 else replays(reps, k))
+                    times[name] += [t / k for t in ts]
             except Exception as e:  # noqa: BLE001 (OOM, launch failure: that fn is n/a)
                 failed[name] = e
     return {name: failed.get(name) or summarize(times[name]) for name in fns}

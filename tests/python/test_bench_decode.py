@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import math
 import os
 import subprocess
@@ -21,6 +22,7 @@ import grid as G  # noqa: E402
 import peers as P  # noqa: E402
 import plots as PL  # noqa: E402
 import report as R  # noqa: E402
+import timing as T  # noqa: E402
 
 GIB = 2**30
 H100_MEMORY = 79.1 * GIB  # torch's total_memory of an H100 80GB HBM3
@@ -42,6 +44,7 @@ def test_default_grid():
     assert a.layout_list == ["contiguous", "paged16", "paged64"]
     assert a.impl_list == ["flashcpp", "cudnn", "fa2"]
     assert a.reps == 100 and a.rounds == 2 and a.mem_fraction == 0.7
+    assert a.graph and not DC.parse_args(["--no-graph"]).graph
 
 
 def test_quick_is_two_cells():
@@ -73,6 +76,7 @@ def test_help_runs_without_torch():
     res = subprocess.run([sys.executable, os.path.join(BENCH, "decode_compare.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--layouts" in res.stdout and "--quick" in res.stdout
+    assert "--no-graph" in res.stdout
 
 
 def test_decode_modules_do_not_import_torch_at_top_level():
@@ -252,6 +256,72 @@ def test_host_clock_counts_calls():
     assert clock.calls == 3 and clock.ms_per_call >= 0.0
 
 
+# ---------------------------------------------------------------- CUDA graph timing
+
+
+def test_graph_calls_are_whole_passes_over_the_input_sets():
+    assert T.GRAPH_CALLS == 20
+    # B1 L1k rotates 38 sets: one graph of 38 calls, so that every set is used in turn
+    assert [T.graph_calls(n) for n in (1, 2, 3, 5, 7, 38, 64)] == [20, 20, 21, 20, 21, 38, 64]
+
+
+def test_replays_keep_at_least_100_calls_and_10_replays():
+    assert T.replays(100, 20) == 10  # 200 calls: 10 replays is the floor
+    assert T.replays(500, 20) == 25 and T.replays(500, 21) == 24  # 504 calls
+    assert T.replays(100, 64) == 10 and T.replays(5, 20) == 10
+
+
+def test_time_interleaved_divides_replays_by_their_calls(monkeypatch):
+    asked = {}
+
+    def fake_timed_calls(fn, n_sets, reps):
+        asked[fn.__name__] = (n_sets, reps)
+        return [fn(0)] * reps
+
+    def graph(i):  # a replay of 20 calls, 2 ms
+        return 2.0
+
+    def single(i):  # one call, 0.5 ms
+        return 0.5
+
+    monkeypatch.setattr(T, "timed_calls", fake_timed_calls)
+    stats = T.time_interleaved({"graph": graph, "single": single}, n_sets=5, reps=100, rounds=2,
+                               calls={"graph": 20})
+    assert asked == {"graph": (5, 10), "single": (5, 100)}
+    assert stats["graph"]["median"] == pytest.approx(0.1) and stats["graph"]["n"] == 20
+    assert stats["single"]["median"] == 0.5 and stats["single"]["n"] == 200
+
+
+def test_timed_fns_falls_back_per_call_when_the_capture_raises(monkeypatch):
+    pytest.importorskip("torch")  # _reason looks for torch's OutOfMemoryError
+    captured = []
+
+    def fake_capture(fn, n_sets, calls):
+        if fn(0) == "cudnn":
+            try:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            except RuntimeError:  # leaving torch.cuda.graph raises again: the first error wins
+                raise RuntimeError("capture invalidated")  # noqa: B904
+        captured.append((fn(0), n_sets, calls))
+        return lambda i: None
+
+    def entry(impl, reason=""):
+        e = DC.Entry(impl, "contiguous", FakePeer(impl), reason=reason)
+        e.fn = e.peer.make("fwd")
+        return e
+    ready = {"flashcpp": entry("flashcpp"), "cudnn": entry("cudnn", "read K/V expanded")}
+    monkeypatch.setattr(T, "capture", fake_capture)
+    fns, calls = DC.timed_fns(ready, 3, graph=True)
+    assert captured == [("flashcpp", 3, 21)] and calls == {"flashcpp": 21}
+    assert isinstance(fns["cudnn"], DC.HostClock) and not isinstance(fns["flashcpp"], DC.HostClock)
+    assert ready["cudnn"].reason == ("read K/V expanded; timed per call: CUDA graph capture "
+                                     "failed: RuntimeError: operation not permitted when stream "
+                                     "is capturing")
+    assert ready["flashcpp"].reason == ""
+    fns, calls = DC.timed_fns(ready, 3, graph=False)
+    assert calls == {} and all(isinstance(f, DC.HostClock) for f in fns.values())
+
+
 # ---------------------------------------------------------------- results, CSV, table
 
 
@@ -268,8 +338,10 @@ def fake_results():
         c = dcase(B=8, L=L)
         rs.append(R.DecodeResult("cudnn", c, "decode", R.OK, ms=ms_for(c, 1500.0, 32),
                                  layout=G.EXPANDED, copy_gbps=COPY, max_err=1e-3))
+        # the short cell's capture failed: timed per call, and host-bound
         rs.append(R.DecodeResult("fa2", c, "decode", R.OK, ms=ms_for(c, 2400.0), copy_gbps=COPY,
-                                 max_err=1e-3, host_bound=L == 1024))
+                                 max_err=1e-3, timing=R.PER_CALL if L == 1024 else R.GRAPH,
+                                 host_bound=L == 1024))
         rs.append(R.DecodeResult("flashcpp", c, "decode", R.OK, ms=ms_for(c, 2700.0),
                                  copy_gbps=COPY, max_err=1e-3))
         rs.append(R.DecodeResult("flashcpp", c, "decode", R.OK, ms=ms_for(c, 2430.0),
@@ -295,7 +367,7 @@ def test_decode_csv_columns(tmp_path):
         header = next(reader)
         rows = [dict(zip(header, r)) for r in reader]
     assert header == ["impl", "device", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk",
-                      "mode", "ms", "tflops", "gbps", "layout", "pct_copy"]
+                      "mode", "ms", "tflops", "gbps", "layout", "pct_copy", "timing"]
     assert len(rows) == 8  # the wrong cell goes to status.csv only
     cudnn = rows[0]
     assert (cudnn["impl"], cudnn["layout"], cudnn["mode"], cudnn["Hkv"]) == (
@@ -303,6 +375,7 @@ def test_decode_csv_columns(tmp_path):
     assert float(cudnn["gbps"]) == pytest.approx(1500.0, rel=1e-3)
     assert float(cudnn["pct_copy"]) == pytest.approx(50.0, rel=1e-3)
     assert {r["layout"] for r in rows} == {"expanded", "contiguous", "paged16"}
+    assert [r["timing"] for r in rows if r["impl"] == "fa2"] == ["per-call", "graph"]
 
 
 def test_decode_status_csv(tmp_path):
@@ -320,7 +393,7 @@ def test_decode_table():
                       "flashcpp/cudnn", "flashcpp/fa2", "paged16/contig", "paged64/contig"]
     short, long_ = rows
     assert short[0] == "B8 L1k" and long_[0] == "B8 L64k"
-    assert short[1] == "1500 50% E" and short[2] == "2400 80% h" and long_[2] == "2400 80%"
+    assert short[1] == "1500 50% E" and short[2] == "2400 80% ph" and long_[2] == "2400 80%"
     assert short[3] == "2700 90%" and short[4] == "2430 81%" and short[5] == "WRONG"
     # ratios of times: cudnn read 4x the K/V bytes at 1500 GB/s
     c = dcase(B=8, L=1024)
@@ -328,6 +401,9 @@ def test_decode_table():
     assert short[6] == f"{want:.2f}x" and short[7] == "1.12x"
     assert short[8] == "0.90x" and short[9] == "-"
     assert R.decode_case_label(dcase(B=1, L=4096, nnew=4)) == "B1 L4k Nnew4"
+    # a per-call run (--no-graph) has no p: every row is per call
+    per_call = [dataclasses.replace(r, timing=R.PER_CALL) for r in fake_results()]
+    assert R.decode_table_rows(per_call, R.PER_CALL)[1][0][2] == "2400 80% h"
 
 
 def test_decode_table_text_and_legend():
@@ -339,18 +415,25 @@ def test_decode_table_text_and_legend():
     assert lines[0].index("cudnn") + len("cudnn") == lines[2].index("50% E") + len("50% E")
     legend = R.decode_legend(fake_results(), COPY)
     assert "bf16 Hq 32, Hkv 8, D 128" in legend[0] and "3000 GB/s" in legend[0]
+    assert "CUDA graphs of >= 20 calls" in legend[0] and "not measured" in legend[0]
     assert "E: read K/V expanded" in legend[1] and "80%" in legend[1]
+    assert "p: timed per call, its CUDA graph capture failed" in legend[1]
+    legend = R.decode_legend(fake_results(), COPY, R.PER_CALL)
+    assert "timed per call (CUDA events around each Python call)" in legend[0]
+    assert "p:" not in legend[1] and "h: host-bound" in legend[1]
     assert R.format_table(header, rows, markdown=True, left=1).splitlines()[1].startswith(
         "|---|---:")
 
 
 def test_decode_summary_and_failures():
     meta = {"device": "NVIDIA H100 80GB HBM3", "driver": "580.1", "torch": "2.9.0",
-            "cuda": "12.8", "cudnn": 91000, "copy_gbps": 3000.0, "date": "2026-01-01"}
+            "cuda": "12.8", "cudnn": 91000, "copy_gbps": 3000.0, "date": "2026-01-01",
+            "timing": "graph", "graph_calls": 20}
     md = R.decode_summary_markdown(fake_results(), meta, "python3 bench/decode_compare.py",
                                    ["/x/decode_bf16_d128_nnew1.png"])
     assert md.startswith("# Decode benchmark") and "| copy_gbps | 3000.0 |" in md
     assert "| cudnn | 91000 |" in md and "![decode_bf16_d128_nnew1.png]" in md
+    assert "| timing | graph |" in md and "| graph_calls | 20 |" in md and "80% ph |" in md
     assert "flashcpp paged64 bf16 D128 Nq1 Nk1024 B8 H32/8 full: wrong" in md
     assert len(R.failure_lines(fake_results())) == 2
 
@@ -379,14 +462,37 @@ def test_plots_cli_redraws_a_decode_csv(tmp_path):
 # ---------------------------------------------------------------- one cell on the GPU
 
 
-def test_decode_cell_on_gpu():
+def test_capture_replays_the_calls_in_order_on_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    sets = [torch.zeros(1, device="cuda") for _ in range(3)]
+    order = torch.zeros((), dtype=torch.float64, device="cuda")
+
+    def fn(i):  # counts the calls per set; `order` gets the sets' order as base-4 digits
+        sets[i].add_(1)
+        order.mul_(4).add_(i)
+    replay = T.capture(fn, 3, 6)
+    assert [t.item() for t in sets] == [1, 1, 1]  # the warm-up, outside the capture
+    order.zero_()
+    replay(0)
+    replay(0)
+    torch.cuda.synchronize()
+    assert [t.item() for t in sets] == [5, 5, 5]
+    assert order.item() == int("012012" * 2, 4)
+
+
+@pytest.mark.parametrize("graph", ["--graph", "--no-graph"])
+def test_decode_cell_on_gpu(graph):
     """A small case end to end (GQA, a partial last page, rotated input sets): every row is
-    checked and either timed or n/a with a reason; FlashAttention-2 runs."""
+    checked and either timed or n/a with a reason; FlashAttention-2 runs; with --graph,
+    flashcpp's rows are timed as CUDA graphs, and any row that is not says why."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     a = DC.parse_args(["--batches", "2", "--lengths", "1000", "--hq", "8", "--hkv", "2",
-                       "--head-dim", "64", "--layouts", "paged16", "--reps", "5", "--rounds", "1"])
+                       "--head-dim", "64", "--layouts", "paged16", "--reps", "5", "--rounds", "1",
+                       graph])
     peers = {n: P.FlashcppKVCachePeer() if n == "flashcpp" else P.SdpaPeer(n) for n in a.impl_list}
     usable = [n for n, peer in peers.items() if peer.available() is None]
     results = DC.run_case(a.cases[0], a, usable, 3000.0, DC.SC.l2_bytes(), log=lambda s: None)
@@ -396,5 +502,12 @@ def test_decode_cell_on_gpu():
     for r in results:
         assert r.status in (R.OK, R.NA), (r.cell, r.reason)
         assert r.status == R.OK or r.reason
+    for r in results:
+        if r.status == R.OK and a.graph:
+            assert r.timing == R.GRAPH or "CUDA graph capture failed" in r.reason, r.reason
+        elif r.status == R.OK:
+            assert r.timing == R.PER_CALL and "us/call" in r.reason
     if "flashcpp" in usable:
         assert {"flashcpp", "paged16"} <= set(by)
+        if a.graph:
+            assert by["flashcpp"].timing == by["paged16"].timing == R.GRAPH
