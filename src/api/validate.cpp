@@ -147,6 +147,19 @@ int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q
   return static_cast<int>(cu.shape[0] - 1);
 }
 
+// The options' part of the params (after head_dim is set): scale, softcap, the window with
+// causal folded in, the device and the split request.
+void apply_options(ForwardParams& p, const AttentionOptions& options, const TensorView& q) {
+  p.scale = options.softmax_scale ? *options.softmax_scale
+                                  : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  p.softcap = options.softcap;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;  // causal caps the right bound
+  p.causal = p.window_left < 0 && p.window_right == 0;
+  p.device = q.device.index;
+  p.num_splits = options.num_splits;
+}
+
 }  // namespace
 
 Backend check_backend(const TensorView& q, const AttentionOptions& options) {
@@ -271,14 +284,7 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
       p.lse_head_stride = t.lse->stride[1];
     }
   }
-  p.scale = options.softmax_scale ? *options.softmax_scale
-                                  : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.softcap = options.softcap;
-  p.window_left = options.window_left;
-  p.window_right = options.causal ? 0 : options.window_right;  // causal caps the right bound
-  p.causal = p.window_left < 0 && p.window_right == 0;
-  p.device = t.q.device.index;
-  p.num_splits = options.num_splits;
+  apply_options(p, options, t.q);
   return p;
 }
 
@@ -469,14 +475,7 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     p.lse_batch_stride = t.lse->stride[0];
     p.lse_head_stride = t.lse->stride[1];
   }
-  p.scale = options.softmax_scale ? *options.softmax_scale
-                                  : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.softcap = options.softcap;
-  p.window_left = options.window_left;
-  p.window_right = options.causal ? 0 : options.window_right;
-  p.causal = p.window_left < 0 && p.window_right == 0;
-  p.device = t.q.device.index;
-  p.num_splits = options.num_splits;
+  apply_options(p, options, t.q);
   p.cache_seqlens = static_cast<const std::int32_t*>(lens.data);
   if (paged) {
     p.block_table = static_cast<const std::int32_t*>(t.block_table->data);

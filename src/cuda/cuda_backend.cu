@@ -108,6 +108,20 @@ void check_workspace(Workspace workspace, std::uint64_t need, const std::string&
     throw Error("workspace: data pointer is not 16-byte aligned");
 }
 
+// The splits a run makes: the plan's, or one when the heuristic chose them and the caller's
+// workspace cannot hold them (too small, misaligned, none): unsplit gives the same result. An
+// explicit split count needs its workspace.
+int splits_to_run(const Plan& plan, Workspace workspace) {
+  if (plan.num_splits <= 1) return 1;
+  const std::size_t need = plan.workspace_bytes;
+  if (plan.splits_optional &&
+      (workspace.data == nullptr || workspace.bytes < need ||
+       reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0))
+    return 1;
+  check_workspace(workspace, need, " for " + std::to_string(plan.num_splits) + " splits");
+  return plan.num_splits;
+}
+
 // ---- forward ----
 
 std::size_t split_workspace_bytes(const ForwardParams& p, int splits) {
@@ -183,18 +197,7 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
                          Workspace workspace) {
   const sm80::FwdKernel& kernel = sm80::kFwdKernels[plan.kernel_index];
   const Sm80FwdTile t = sm80_fwd_tile(kernel.head_dim);
-  int splits = plan.num_splits;
-  if (splits > 1) {
-    const std::size_t need = plan.workspace_bytes;
-    // No (too little, misaligned) workspace for the heuristic's splits: run unsplit rather
-    // than fail; same result.
-    if (plan.splits_optional &&
-        (workspace.data == nullptr || workspace.bytes < need ||
-         reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0))
-      splits = 1;
-    else
-      check_workspace(workspace, need, " for " + std::to_string(splits) + " splits");
-  }
+  const int splits = splits_to_run(plan, workspace);
 
   FwdKernelParams kp;
   kp.p = params;
@@ -330,17 +333,7 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
                     Workspace workspace) {
   if (params.batch == 0 || params.seqlen_q == 0) return plan.run_info();
   const sm80::DecodeKernel& kernel = sm80::kDecodeKernels[plan.kernel_index];
-  int splits = plan.num_splits;
-  if (splits > 1) {
-    const std::size_t need = plan.workspace_bytes;
-    // Without workspace for the heuristic's splits run unsplit (same result), as the forward.
-    if (plan.splits_optional &&
-        (workspace.data == nullptr || workspace.bytes < need ||
-         reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0))
-      splits = 1;
-    else
-      check_workspace(workspace, need, " for " + std::to_string(splits) + " splits");
-  }
+  const int splits = splits_to_run(plan, workspace);
   KVCacheKernelParams kp;
   kp.p = params;
   kp.group = params.heads_q / params.heads_kv;

@@ -17,6 +17,7 @@
 
 #include "common/mask.hpp"
 #include "cuda/common/fast_exp2.hpp"
+#include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/kvcache_layout.hpp"
 #include "cuda/sm80/decode_tile_table.hpp"
@@ -47,15 +48,6 @@ struct DecodeTraits {
 template <int kChunks>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 8;
-}
-
-__device__ __forceinline__ float quad_max4(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum4(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 template <class Traits, bool kSoftcap>
@@ -195,7 +187,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float block_max =
-          quad_max4(fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+          quad_max(fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
       const float m = fmaxf(row_max[r], block_max);
       // A row that has seen no visible key keeps max -inf: offset 0 keeps exp2 at 0, not NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * kp.scale_log2;
@@ -234,7 +226,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   float* merge_o = reinterpret_cast<float*>(s_k);  // [warp][16][D]
   __shared__ float merge_max[kDecodeWarps][kDecodeRows], merge_sum[kDecodeWarps][kDecodeRows];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum4(row_sum[r]);
+  for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
   if (tq == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
