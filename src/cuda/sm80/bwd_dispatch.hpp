@@ -5,13 +5,25 @@
 // does not cover.
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "common/params.hpp"
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
-#include "cuda/sm80/bwd_registry.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/sm80/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
+
+// The sm80 backward kernels this build contains: the generated bwd_sm80_registry.inc holds one
+// FLASHCPP_SM80_BWD(dtype, hdim) line per instantiation (every head dim of FLASHCPP_HEAD_DIMS,
+// every dtype of FLASHCPP_DTYPES).
+using BwdEntry = void (*)(const BwdKernelParams&, cudaStream_t);
+
+#define FLASHCPP_SM80_BWD(dtype, hdim) \
+  void bwd_##dtype##_hdim##hdim(const BwdKernelParams& kp, cudaStream_t stream);
+#include "bwd_sm80_registry.inc"
+#undef FLASHCPP_SM80_BWD
 
 using BwdKernel = RegistryEntry<BwdEntry>;
 

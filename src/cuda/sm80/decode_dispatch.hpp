@@ -6,14 +6,26 @@
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "common/params.hpp"
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
-#include "cuda/sm80/decode_registry.hpp"
+#include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/sm80/decode_tile_table.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
+
+// The KV-cache decode kernels this build contains: the generated decode_sm80_registry.inc
+// holds one FLASHCPP_SM80_DECODE(dtype, hdim) line per instantiation (FLASHCPP_DTYPES x the
+// head dims of FLASHCPP_HEAD_DIMS that have a decode tile).
+using DecodeEntry = void (*)(const KVCacheKernelParams&, cudaStream_t);
+
+#define FLASHCPP_SM80_DECODE(dtype, hdim) \
+  void decode_##dtype##_hdim##hdim(const KVCacheKernelParams& kp, cudaStream_t stream);
+#include "decode_sm80_registry.inc"
+#undef FLASHCPP_SM80_DECODE
 
 using DecodeKernel = RegistryEntry<DecodeEntry>;
 

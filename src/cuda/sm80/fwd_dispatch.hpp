@@ -8,15 +8,26 @@
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "common/params.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
-#include "cuda/sm80/fwd_registry.hpp"
 #include "cuda/sm80/fwd_tile_table.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
+
+// The sm80 forward kernels this build contains. The generated fwd_sm80_registry.inc holds
+// one FLASHCPP_SM80_FWD(dtype, hdim) line per instantiation configured through
+// FLASHCPP_DTYPES x FLASHCPP_HEAD_DIMS; each has a generated TU defining its entry point.
+using FwdEntry = void (*)(const FwdKernelParams&, cudaStream_t);
+
+#define FLASHCPP_SM80_FWD(dtype, hdim) \
+  void fwd_##dtype##_hdim##hdim(const FwdKernelParams& kp, cudaStream_t stream);
+#include "fwd_sm80_registry.inc"
+#undef FLASHCPP_SM80_FWD
 
 using FwdKernel = RegistryEntry<FwdEntry>;
 

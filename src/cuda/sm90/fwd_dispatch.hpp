@@ -11,13 +11,26 @@
 #include <cstring>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "common/params.hpp"
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
-#include "cuda/sm90/fwd_registry.hpp"
+#include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
+
+// The sm90a forward kernels this build contains. The generated fwd_sm90_registry.inc holds one
+// FLASHCPP_SM90_FWD(dtype, hdim) line per instantiation (FLASHCPP_DTYPES x the head dims of
+// FLASHCPP_HEAD_DIMS that have an sm90 tile, and only when FLASHCPP_CUDA_ARCHS contains 90a);
+// each has a generated TU defining its entry point.
+using FwdEntry = void (*)(const FwdKernelParams&, cudaStream_t);
+
+#define FLASHCPP_SM90_FWD(dtype, hdim) \
+  void fwd_##dtype##_hdim##hdim(const FwdKernelParams& kp, cudaStream_t stream);
+#include "fwd_sm90_registry.inc"
+#undef FLASHCPP_SM90_FWD
 
 using FwdKernel = RegistryEntry<FwdEntry>;
 
