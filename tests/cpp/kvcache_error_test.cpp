@@ -43,15 +43,37 @@ struct KvCall {
     options.backend = Backend::cpu;
   }
 
+  // The builders below break a valid call in one place and chain on a fresh one, so that each
+  // check reads as one expression: KvCall().retyped(&KvCall::q, DType::int32).run().
+
   // A contiguous cache [B, 24, Hkv, D] instead (same memory).
-  void contiguous() {
+  KvCall& contiguous() {
     paged = false;
-    reshape(k_cache, {kB, kPages * kPageSize / kB, kHkv, kD});
-    reshape(v_cache, {kB, kPages * kPageSize / kB, kHkv, kD});
+    return caches({kB, kPages * kPageSize / kB, kHkv, kD});
   }
 
-  static void reshape(TensorView& t, std::initializer_list<std::int64_t> shape) {
+  // A view of the same memory with another shape.
+  KvCall& reshaped(TensorView KvCall::*view, std::initializer_list<std::int64_t> shape) {
+    TensorView& t = this->*view;
     t = TensorView::contiguous(t.data, t.dtype, shape, t.device);
+    return *this;
+  }
+  // Both caches, which must agree with each other.
+  KvCall& caches(std::initializer_list<std::int64_t> shape) {
+    return reshaped(&KvCall::k_cache, shape).reshaped(&KvCall::v_cache, shape);
+  }
+  KvCall& retyped(TensorView KvCall::*view, DType dtype) {
+    (this->*view).dtype = dtype;
+    return *this;
+  }
+  // cache_seqlens[seq] = keys, and block_table[seq][slot] = p.
+  KvCall& length(int seq, std::int32_t keys) {
+    lengths[seq] = keys;
+    return *this;
+  }
+  KvCall& page(int seq, int slot, std::int32_t p) {
+    table[seq * kMaxPages + slot] = p;
+    return *this;
   }
 
   KVCacheTensors tensors() const {
@@ -69,16 +91,16 @@ struct KvCall {
   std::string plan() const { return plan_call(tensors(), options); }
 
   static std::string run_call(const KVCacheTensors& t, const AttentionOptions& o) {
-    try {
-      attention_with_kvcache(t, o);
-      return "no error";
-    } catch (const Error& e) {
-      return e.what();
-    }
+    return error_of([&] { attention_with_kvcache(t, o); });
   }
   static std::string plan_call(const KVCacheTensors& t, const AttentionOptions& o) {
+    return error_of([&] { plan_attention_with_kvcache(t, o); });
+  }
+  // The message of the flashcpp::Error a call throws, or "no error".
+  template <typename Call>
+  static std::string error_of(Call&& call) {
     try {
-      plan_attention_with_kvcache(t, o);
+      call();
       return "no error";
     } catch (const Error& e) {
       return e.what();
@@ -90,9 +112,7 @@ TEST(KvCacheErrors, ValidCallsPass) {
   KvCall paged;
   EXPECT_EQ(paged.run(), "no error");
   EXPECT_EQ(paged.plan(), "no error");
-  KvCall contiguous;
-  contiguous.contiguous();
-  EXPECT_EQ(contiguous.run(), "no error");
+  EXPECT_EQ(KvCall().contiguous().run(), "no error");
   KvCall plain;  // no appends, no lse
   plain.append = plain.with_lse = false;
   EXPECT_EQ(plain.run(), "no error");
@@ -102,76 +122,57 @@ TEST(KvCacheErrors, ValidCallsPass) {
 
 TEST(KvCacheErrors, BlockTableInt64) {
   KvCall c;
-  c.block_table.dtype = DType::int64;
+  c.retyped(&KvCall::block_table, DType::int64);
   EXPECT_EQ(c.run(), "block_table: expected dtype int32, got int64");
   EXPECT_EQ(c.plan(), "block_table: expected dtype int32, got int64");
 }
 
 TEST(KvCacheErrors, BlockTableEntryOutOfRange) {
-  KvCall past;
-  past.table[4] = kPages;
-  EXPECT_EQ(past.run(), "block_table[1][1]: page 6 is outside the cache's 6 pages");
-  KvCall negative;
-  negative.table[0] = -1;
-  EXPECT_EQ(negative.run(), "block_table[0][0]: page -1 is outside the cache's 6 pages");
-  // Slots past a sequence's keys are never read: -1 there is fine (table[1], table[2]).
+  EXPECT_EQ(KvCall().page(1, 1, kPages).run(),
+            "block_table[1][1]: page 6 is outside the cache's 6 pages");
+  EXPECT_EQ(KvCall().page(0, 0, -1).run(),
+            "block_table[0][0]: page -1 is outside the cache's 6 pages");
+  // Slots past a sequence's keys are never read: -1 there is fine (sequence 0's slots 1 and 2).
 }
 
 TEST(KvCacheErrors, BlockTableShape) {
-  KvCall batch;
-  KvCall::reshape(batch.block_table, {3, kMaxPages});
-  EXPECT_EQ(batch.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::block_table, {3, kMaxPages}).run(),
             "block_table: expected batch size 2 (same as q) in dimension 0, got 3 (shape [3, 3])");
-  KvCall rank;
-  KvCall::reshape(rank.block_table, {kB * kMaxPages});
-  EXPECT_EQ(rank.run(), "block_table: expected 2 dimensions [B, max_pages_per_seq], got 1");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::block_table, {kB * kMaxPages}).run(),
+            "block_table: expected 2 dimensions [B, max_pages_per_seq], got 1");
   KvCall strided;
   strided.block_table = TensorView::strided(strided.table.data(), DType::int32, {kB, 2}, {4, 2});
   EXPECT_EQ(strided.run(), "block_table: the page dimension must be contiguous, got stride 2");
 }
 
 TEST(KvCacheErrors, LengthsAboveCapacity) {
-  KvCall append;
-  append.lengths[1] = 22;  // + 3 new tokens = 25 > 24
-  EXPECT_EQ(append.run(),
+  EXPECT_EQ(KvCall().length(1, 22).run(),  // + 3 new tokens = 25 > 24
             "k_new: sequence 1 would hold 25 keys (cache_seqlens[1] = 22 plus the new tokens), "
             "more than the cache's capacity of 24");
   KvCall no_append;
   no_append.append = false;
-  no_append.lengths[0] = 25;
-  EXPECT_EQ(no_append.run(),
+  EXPECT_EQ(no_append.length(0, 25).run(),
             "cache_seqlens: sequence 0 would hold 25 keys (cache_seqlens[0] = 25), more than the "
             "cache's capacity of 24");
-  KvCall contiguous;
-  contiguous.contiguous();
-  contiguous.lengths[1] = 24;
-  EXPECT_EQ(contiguous.run(),
+  EXPECT_EQ(KvCall().contiguous().length(1, 24).run(),
             "k_new: sequence 1 would hold 27 keys (cache_seqlens[1] = 24 plus the new tokens), "
             "more than the cache's capacity of 24");
-  KvCall too_many;  // more new tokens than the cache holds at all
-  too_many.contiguous();
-  KvCall::reshape(too_many.k_cache, {kB, 2, kHkv, kD});
-  KvCall::reshape(too_many.v_cache, {kB, 2, kHkv, kD});
-  EXPECT_EQ(too_many.run(), "k_new: 3 new tokens do not fit in the cache's capacity of 2 keys");
+  // More new tokens than the cache holds at all.
+  EXPECT_EQ(KvCall().contiguous().caches({kB, 2, kHkv, kD}).run(),
+            "k_new: 3 new tokens do not fit in the cache's capacity of 2 keys");
 }
 
 TEST(KvCacheErrors, NegativeLength) {
-  KvCall c;
-  c.lengths[1] = -1;
-  EXPECT_EQ(c.run(), "cache_seqlens[1]: must be >= 0, got -1");
+  EXPECT_EQ(KvCall().length(1, -1).run(), "cache_seqlens[1]: must be >= 0, got -1");
 }
 
 TEST(KvCacheErrors, CacheSeqlensShapeAndDtype) {
-  KvCall batch;
-  KvCall::reshape(batch.cache_seqlens, {3});
-  EXPECT_EQ(batch.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::cache_seqlens, {3}).run(),
             "cache_seqlens: expected batch size 2 (same as q) in dimension 0, got 3 (shape [3])");
-  KvCall dtype;
-  dtype.cache_seqlens.dtype = DType::fp32;
-  EXPECT_EQ(dtype.run(), "cache_seqlens: expected dtype int32, got fp32");
-  KvCall wide;
-  wide.cache_seqlens.dtype = DType::int64;
-  EXPECT_EQ(wide.run(), "cache_seqlens: expected dtype int32, got int64");
+  EXPECT_EQ(KvCall().retyped(&KvCall::cache_seqlens, DType::fp32).run(),
+            "cache_seqlens: expected dtype int32, got fp32");
+  EXPECT_EQ(KvCall().retyped(&KvCall::cache_seqlens, DType::int64).run(),
+            "cache_seqlens: expected dtype int32, got int64");
   KvCall device;
   device.cache_seqlens.device = Device::cuda(0);
   EXPECT_EQ(device.run(), "cache_seqlens is on cuda:0 but q is on cpu");
@@ -190,126 +191,85 @@ TEST(KvCacheErrors, KNewWithoutVNew) {
 }
 
 TEST(KvCacheErrors, NewTokensShape) {
-  KvCall rows;
-  KvCall::reshape(rows.k_new, {kB, 2, kHkv, kD});
-  EXPECT_EQ(rows.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::k_new, {kB, 2, kHkv, kD}).run(),
             "k_new: expected new tokens 3 (same as q) in dimension 1, got 2 (shape [2, 2, 2, 64])");
-  KvCall heads;
-  KvCall::reshape(heads.v_new, {kB, kNew, 1, kD});
-  EXPECT_EQ(heads.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::v_new, {kB, kNew, 1, kD}).run(),
             "v_new: expected kv heads 2 (same as k_cache) in dimension 2, got 1 (shape [2, 3, 1, 64])");
-  KvCall dim;
-  KvCall::reshape(dim.v_new, {kB, kNew, kHkv, 32});
-  EXPECT_EQ(dim.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::v_new, {kB, kNew, kHkv, 32}).run(),
             "v_new: expected head dim 64 (same as v_cache) in dimension 3, got 32 (shape [2, 3, 2, 32])");
-  KvCall rank;
-  KvCall::reshape(rank.k_new, {kB, kNew, kHkv * kD});
-  EXPECT_EQ(rank.run(), "k_new: expected 4 dimensions [B, Nnew, Hkv, D], got 3");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::k_new, {kB, kNew, kHkv * kD}).run(),
+            "k_new: expected 4 dimensions [B, Nnew, Hkv, D], got 3");
 }
 
 TEST(KvCacheErrors, NewTokensDtype) {
-  KvCall k;
-  k.k_new.dtype = DType::bf16;
-  EXPECT_EQ(k.run(), "k_new: expected dtype fp32 (same as q), got bf16");
-  KvCall v;
-  v.v_new.dtype = DType::fp16;
-  EXPECT_EQ(v.run(), "v_new: expected dtype fp32 (same as q), got fp16");
+  EXPECT_EQ(KvCall().retyped(&KvCall::k_new, DType::bf16).run(),
+            "k_new: expected dtype fp32 (same as q), got bf16");
+  EXPECT_EQ(KvCall().retyped(&KvCall::v_new, DType::fp16).run(),
+            "v_new: expected dtype fp32 (same as q), got fp16");
 }
 
 // ---- q, the caches, out, lse ---------------------------------------------------------------------
 
 TEST(KvCacheErrors, Ranks) {
-  KvCall q;
-  KvCall::reshape(q.q, {kB * kNew, kHq, kD});
-  EXPECT_EQ(q.run(), "q: expected 4 dimensions [B, Nnew, Hq, D], got 3");
-  KvCall paged;
-  KvCall::reshape(paged.k_cache, {kPages * kPageSize, kHkv, kD});
-  EXPECT_EQ(paged.run(), "k_cache: expected 4 dimensions [num_pages, page_size, Hkv, D], got 3");
-  KvCall contiguous;
-  contiguous.contiguous();
-  KvCall::reshape(contiguous.v_cache, {kB, 24, kHkv * kD});
-  EXPECT_EQ(contiguous.run(), "v_cache: expected 4 dimensions [B, Nmax, Hkv, Dv], got 3");
-  KvCall out;
-  KvCall::reshape(out.out, {kB, kNew, kHq});
-  EXPECT_EQ(out.run(), "out: expected 4 dimensions [B, Nnew, Hq, Dv], got 3");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::q, {kB * kNew, kHq, kD}).run(),
+            "q: expected 4 dimensions [B, Nnew, Hq, D], got 3");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::k_cache, {kPages * kPageSize, kHkv, kD}).run(),
+            "k_cache: expected 4 dimensions [num_pages, page_size, Hkv, D], got 3");
+  EXPECT_EQ(KvCall().contiguous().reshaped(&KvCall::v_cache, {kB, 24, kHkv * kD}).run(),
+            "v_cache: expected 4 dimensions [B, Nmax, Hkv, Dv], got 3");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::out, {kB, kNew, kHq}).run(),
+            "out: expected 4 dimensions [B, Nnew, Hq, Dv], got 3");
 }
 
 TEST(KvCacheErrors, CacheShapes) {
-  KvCall page_size;
-  KvCall::reshape(page_size.v_cache, {kPages, 4, kHkv, kD});
-  EXPECT_EQ(page_size.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::v_cache, {kPages, 4, kHkv, kD}).run(),
             "v_cache: expected page size 8 (same as k_cache) in dimension 1, got 4 (shape [6, 4, 2, 64])");
-  KvCall pages;
-  KvCall::reshape(pages.v_cache, {5, kPageSize, kHkv, kD});
-  EXPECT_EQ(pages.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::v_cache, {5, kPageSize, kHkv, kD}).run(),
             "v_cache: expected pages 6 (same as k_cache) in dimension 0, got 5 (shape [5, 8, 2, 64])");
-  KvCall batch;
-  batch.contiguous();
-  KvCall::reshape(batch.k_cache, {3, 16, kHkv, kD});
-  EXPECT_EQ(batch.run(),
+  EXPECT_EQ(KvCall().contiguous().reshaped(&KvCall::k_cache, {3, 16, kHkv, kD}).run(),
             "k_cache: expected batch size 2 (same as q) in dimension 0, got 3 (shape [3, 16, 2, 64])");
-  KvCall dim;
-  KvCall::reshape(dim.k_cache, {kPages, kPageSize, kHkv, 32});
-  EXPECT_EQ(dim.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::k_cache, {kPages, kPageSize, kHkv, 32}).run(),
             "k_cache: expected head dim 64 (same as q) in dimension 3, got 32 (shape [6, 8, 2, 32])");
-  KvCall heads;
-  KvCall::reshape(heads.k_cache, {kPages, kPageSize, 3, kD});
-  KvCall::reshape(heads.v_cache, {kPages, kPageSize, 3, kD});
-  EXPECT_EQ(heads.run(), "num_heads_q (4) must be a multiple of num_heads_kv (3)");
-  KvCall empty_pages;
-  KvCall::reshape(empty_pages.k_cache, {kPages, 0, kHkv, kD});
-  KvCall::reshape(empty_pages.v_cache, {kPages, 0, kHkv, kD});
-  EXPECT_EQ(empty_pages.run(), "k_cache: page size must be positive, got 0");
+  EXPECT_EQ(KvCall().caches({kPages, kPageSize, 3, kD}).run(),
+            "num_heads_q (4) must be a multiple of num_heads_kv (3)");
+  EXPECT_EQ(KvCall().caches({kPages, 0, kHkv, kD}).run(),
+            "k_cache: page size must be positive, got 0");
 }
 
 TEST(KvCacheErrors, OutShape) {
-  KvCall dim;
-  KvCall::reshape(dim.out, {kB, kNew, kHq, 32});
-  EXPECT_EQ(dim.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::out, {kB, kNew, kHq, 32}).run(),
             "out: expected head dim 64 (same as v_cache) in dimension 3, got 32 (shape [2, 3, 4, 32])");
-  KvCall rows;
-  KvCall::reshape(rows.out, {kB, 1, kHq, kD});
-  EXPECT_EQ(rows.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::out, {kB, 1, kHq, kD}).run(),
             "out: expected new tokens 3 (same as q) in dimension 1, got 1 (shape [2, 1, 4, 64])");
 }
 
 TEST(KvCacheErrors, Dtypes) {
-  KvCall k;
-  k.k_cache.dtype = DType::bf16;
-  EXPECT_EQ(k.run(), "k_cache: expected dtype fp32 (same as q), got bf16");
-  KvCall v;
-  v.v_cache.dtype = DType::fp16;
-  EXPECT_EQ(v.run(), "v_cache: expected dtype fp32 (same as q), got fp16");
-  KvCall out;
-  out.out.dtype = DType::bf16;
-  EXPECT_EQ(out.run(), "out: expected dtype fp32 (same as q), got bf16");
-  KvCall q;
-  q.q.dtype = DType::int32;
-  EXPECT_EQ(q.run(), "q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
+  EXPECT_EQ(KvCall().retyped(&KvCall::k_cache, DType::bf16).run(),
+            "k_cache: expected dtype fp32 (same as q), got bf16");
+  EXPECT_EQ(KvCall().retyped(&KvCall::v_cache, DType::fp16).run(),
+            "v_cache: expected dtype fp32 (same as q), got fp16");
+  EXPECT_EQ(KvCall().retyped(&KvCall::out, DType::bf16).run(),
+            "out: expected dtype fp32 (same as q), got bf16");
+  EXPECT_EQ(KvCall().retyped(&KvCall::q, DType::int32).run(),
+            "q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
 }
 
 TEST(KvCacheErrors, LseShapeAndDtype) {
-  KvCall rows;
-  KvCall::reshape(rows.lse, {kB, kHq, 2});
-  EXPECT_EQ(rows.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::lse, {kB, kHq, 2}).run(),
             "lse: expected new tokens 3 (same as q) in dimension 2, got 2 (shape [2, 4, 2])");
-  KvCall heads;
-  KvCall::reshape(heads.lse, {kB, 2, kNew});
-  EXPECT_EQ(heads.run(),
+  EXPECT_EQ(KvCall().reshaped(&KvCall::lse, {kB, 2, kNew}).run(),
             "lse: expected query heads 4 (same as q) in dimension 1, got 2 (shape [2, 2, 3])");
-  KvCall rank;
-  KvCall::reshape(rank.lse, {kB, kHq * kNew});
-  EXPECT_EQ(rank.run(), "lse: expected 3 dimensions [B, Hq, Nnew], got 2");
-  KvCall dtype;
-  dtype.lse.dtype = DType::bf16;
-  EXPECT_EQ(dtype.run(), "lse: expected dtype fp32, got bf16");
+  EXPECT_EQ(KvCall().reshaped(&KvCall::lse, {kB, kHq * kNew}).run(),
+            "lse: expected 3 dimensions [B, Hq, Nnew], got 2");
+  EXPECT_EQ(KvCall().retyped(&KvCall::lse, DType::bf16).run(),
+            "lse: expected dtype fp32, got bf16");
 }
 
 // An invalid call writes nothing, even when only the last sequence's pages are wrong.
 TEST(KvCacheErrors, NothingWrittenOnError) {
   KvCall c;
   std::fill(c.storage.begin(), c.storage.begin() + 20480, std::numeric_limits<float>::quiet_NaN());
-  c.table[5] = 99;  // sequence 1's third page
+  c.page(1, 2, 99);  // sequence 1's third page
   EXPECT_EQ(c.run(), "block_table[1][2]: page 99 is outside the cache's 6 pages");
   for (int i = 0; i < 20480; ++i) ASSERT_TRUE(std::isnan(c.storage[i])) << i;
 }
