@@ -365,14 +365,7 @@ def run_grid(a, copy_gbps: float, results: list, log=print) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    try:
-        import torch  # noqa: PLC0415
-    except ImportError:
-        print("decode_compare: PyTorch is not installed (it needs torch with CUDA and a GPU)",
-              file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("decode_compare: no CUDA device visible", file=sys.stderr)
+    if SC.torch_cuda_missing("decode_compare"):
         return 2
     if a.reps < SC.MIN_REPS:
         print(f"warning: --reps {a.reps} is below the {SC.MIN_REPS} of docs/benchmarking.md",

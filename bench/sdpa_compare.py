@@ -290,16 +290,23 @@ def run_driver(a) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def torch_cuda_missing(prog: str) -> bool:
+    """True (after saying why on stderr) when PyTorch or a CUDA device is missing."""
     try:
         import torch  # noqa: PLC0415
     except ImportError:
-        print("sdpa_compare: PyTorch is not installed (it needs torch with CUDA and a GPU)",
+        print(f"{prog}: PyTorch is not installed (it needs torch with CUDA and a GPU)",
               file=sys.stderr)
-        return 2
+        return True
     if not torch.cuda.is_available():
-        print("sdpa_compare: no CUDA device visible", file=sys.stderr)
+        print(f"{prog}: no CUDA device visible", file=sys.stderr)
+        return True
+    return False
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if torch_cuda_missing("sdpa_compare"):
         return 2
     if a.driver:
         return run_driver(a)

@@ -66,16 +66,7 @@ struct KvCase {
     if (paged()) return page_size;
     return capacity > 0 ? capacity : most_keys() + 5;
   }
-  AttentionOptions options() const {
-    AttentionOptions o;
-    o.backend = backend;
-    o.causal = causal;
-    o.window_left = window_left;
-    o.window_right = window_right;
-    o.softcap = softcap;
-    o.softmax_scale = scale;
-    return o;
-  }
+  AttentionOptions options() const { return options_of(*this, backend); }
 };
 
 // "b3_n4_h16x2_d64_bf16_page16_append_causal_len0_33_250": unique, readable, a gtest name.

@@ -352,6 +352,19 @@ inline void expect_forward_close(DType dtype, const std::vector<double>& out,
 
 // ---- one attention problem ----------------------------------------------------------------------
 
+// The options of a test case with the usual mask, softcap and scale fields (Problem, KvCase).
+template <class Case>
+AttentionOptions options_of(const Case& c, Backend backend) {
+  AttentionOptions o;
+  o.backend = backend;
+  o.causal = c.causal;
+  o.window_left = c.window_left;
+  o.window_right = c.window_right;
+  o.softcap = c.softcap;
+  o.softmax_scale = c.scale;
+  return o;
+}
+
 struct Problem {
   int batch = 1;
   int heads_q = 2;
@@ -388,16 +401,7 @@ struct Problem {
     return n;
   }
 
-  AttentionOptions options(Backend backend) const {
-    AttentionOptions o;
-    o.backend = backend;
-    o.causal = causal;
-    o.window_left = window_left;
-    o.window_right = window_right;
-    o.softcap = softcap;
-    o.softmax_scale = scale;
-    return o;
-  }
+  AttentionOptions options(Backend backend) const { return options_of(*this, backend); }
   // The window actually applied (causal folds into right = 0).
   int right() const { return causal ? 0 : window_right; }
   detail::KeyRange keys(int b, int row) const {
