@@ -87,7 +87,7 @@ def _run_forward(q, k, v, varlen, options) -> Tuple[Tensor, Tensor]:
 @torch.library.custom_op("flashcpp::attention_fwd", mutates_args=())
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                    softmax_scale: Optional[float], window_left: int, window_right: int,
-                   softcap: float, backend: str) -> Tuple[Tensor, Tensor]:
+                   softcap: float, backend: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
     options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
                               backend)
     return _run_forward(q, k, v, _native.PADDED, options)
@@ -95,7 +95,7 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
 
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
-                        backend):
+                        backend, deterministic):
     return _forward_outputs(_last_dim_contiguous(q), v, varlen=False)
 
 
@@ -103,8 +103,8 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, window_left, window_righ
 def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                           causal: bool, softmax_scale: Optional[float], window_left: int,
-                          window_right: int, softcap: float,
-                          backend: str) -> Tuple[Tensor, Tensor]:
+                          window_right: int, softcap: float, backend: str,
+                          deterministic: bool) -> Tuple[Tensor, Tensor]:
     options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
                               backend)
     return _run_forward(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
@@ -114,7 +114,7 @@ def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
 @_attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal, softmax_scale, window_left, window_right, softcap,
-                               backend):
+                               backend, deterministic):
     return _forward_outputs(_last_dim_contiguous(q), v, varlen=True)
 
 
@@ -171,9 +171,10 @@ def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
-    varlen = len(inputs) == 13  # varlen inputs carry cu_seqlens_q/k and max_seqlen_q/k
+    varlen = len(inputs) == 14  # varlen inputs carry cu_seqlens_q/k and max_seqlen_q/k
     ctx.save_for_backward(q, k, v, out, lse, *(inputs[3:5] if varlen else ()))
-    ctx.rest = inputs[3:]
+    ctx.rest = inputs[3:-1]
+    ctx.deterministic = inputs[-1]
     ctx.mark_non_differentiable(lse)
 
 
@@ -182,8 +183,9 @@ def _backward(ctx, dout, _dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     # warn_only asks for a warning where no deterministic kernel exists, not for an error
-    deterministic = (torch.are_deterministic_algorithms_enabled()
-                     and not torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic = ctx.deterministic or (
+        torch.are_deterministic_algorithms_enabled()
+        and not torch.is_deterministic_algorithms_warn_only_enabled())
     if len(ctx.rest) == 6:  # (causal, scale, window_left, window_right, softcap, backend)
         grads = torch.ops.flashcpp.attention_bwd(dout, q, k, v, out, lse, *ctx.rest,
                                                  deterministic)
@@ -191,7 +193,7 @@ def _backward(ctx, dout, _dlse):
         cu_q, cu_k = ctx.saved_tensors[5:7]
         grads = torch.ops.flashcpp.attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k,
                                                         *ctx.rest[2:], deterministic)
-    return (*grads,) + (None,) * len(ctx.rest)
+    return (*grads,) + (None,) * (len(ctx.rest) + 1)
 
 
 torch.library.register_autograd("flashcpp::attention_fwd", _backward,
@@ -262,16 +264,20 @@ def _attention_with_kvcache_append_fake(q, k_cache, v_cache, k, v, cache_seqlens
 # ---- public functions ---------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
-              softcap: float = 0.0, return_lse: bool = False, backend: str = "auto"):
+              softcap: float = 0.0, return_lse: bool = False, backend: str = "auto",
+              deterministic: bool = False):
     """flashcpp.attention for torch tensors, differentiable and torch.compile-able.
 
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]; causal is bottom-right aligned.
     Returns out [B, Nq, Hq, Dv] (and lse [B, Hq, Nq] float32 when return_lse).
+    deterministic: the backward gives bitwise-identical gradients run to run (as does
+    torch.use_deterministic_algorithms(True)).
     """
     o = _native.options(causal, softmax_scale, window, softcap, backend)
     out, lse = torch.ops.flashcpp.attention_fwd(q, k, v, o["causal"], o["softmax_scale"],
                                                 o["window_left"], o["window_right"],
-                                                o["softcap"], o["backend"])
+                                                o["softcap"], o["backend"],
+                                                bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -279,12 +285,14 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                      cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, softmax_scale: Optional[float] = None,
                      window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                     return_lse: bool = False, backend: str = "auto"):
+                     return_lse: bool = False, backend: str = "auto",
+                     deterministic: bool = False):
     """flashcpp.attention_varlen for torch tensors, differentiable and torch.compile-able."""
     o = _native.options(causal, softmax_scale, window, softcap, backend)
     out, lse = torch.ops.flashcpp.attention_varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), o["causal"],
-        o["softmax_scale"], o["window_left"], o["window_right"], o["softcap"], o["backend"])
+        o["softmax_scale"], o["window_left"], o["window_right"], o["softcap"], o["backend"],
+        bool(deterministic))
     return (out, lse) if return_lse else out
 
 

@@ -222,11 +222,12 @@ def test_generic_api_compiles_without_graph_break():
 def test_opcheck():
     q, k, v = (rand(1, 9, 2, 32, grad=True, seed=s) for s in (1, 2, 3))
     torch.library.opcheck(torch.ops.flashcpp.attention_fwd.default,
-                          (q, k, v, True, None, -1, -1, 0.0, "auto"))
+                          (q, k, v, True, None, -1, -1, 0.0, "auto", False))
     out, lse = fa.attention(q, k, v, causal=True, return_lse=True)
     torch.library.opcheck(torch.ops.flashcpp.attention_bwd.default,
                           (torch.ones_like(out), q.detach(), k.detach(), v.detach(),
                            out.detach(), lse, True, None, -1, -1, 0.0, "auto", False))
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     torch.library.opcheck(torch.ops.flashcpp.attention_varlen_fwd.default,
-                          (q[0], k[0], v[0], cu, cu, 5, 5, True, None, -1, -1, 0.0, "auto"))
+                          (q[0], k[0], v[0], cu, cu, 5, 5, True, None, -1, -1, 0.0, "auto",
+                           False))
