@@ -15,18 +15,26 @@ Decode steps (a causal call with at most DECODE_MAX_QUERY queries against a long
 sequence, as with a DynamicCache) run flashcpp.torch.attention_with_kvcache over the cache
 transformers hands in, read in place; prefill runs flashcpp.torch.attention.
 
+Padding masks (batched generate() with a padded attention_mask) and static caches
+(cache_implementation="static", whose slots past the tokens seen so far are unused) arrive as
+the 2-D [B, L] mask of the first L key positions: the kept tokens are packed into one
+flashcpp.torch.attention_varlen call and its output re-padded (zeros at padding positions), as
+transformers' FlashAttention-2 backend does (flashcpp/_padding.py). A static cache without
+padding is read in place: its first L positions.
+
 Supported: causal and bidirectional attention (module.is_causal or the is_causal keyword),
-GQA/MQA (fewer key/value heads), `scaling`, `sliding_window`, `softcap`, packed sequences
-(cu_seq_lens_q/k with batch size 1). Not supported, on either path, with a
-ValueError: padding masks (a 2-D attention_mask with zeros; static caches, whose unused slots
-are masked), attention dropout, attention sinks (s_aux). Under torch.compile, call the model with
-attention_mask=None: checking a given mask for padding reads it on the host.
+GQA/MQA (fewer key/value heads), `scaling`, `sliding_window`, `softcap`, padding masks, static
+caches, packed sequences (cu_seq_lens_q/k with batch size 1). Not supported, with a ValueError:
+attention dropout, attention sinks (s_aux). Under torch.compile, call the model with
+attention_mask=None: checking a given mask for padding, and packing the kept tokens, read it on
+the host.
 """
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from . import torch as flashcpp_torch
+from ._padding import repad, unpad
 
 __all__ = ["flashcpp_attention_forward", "flashcpp_mask", "register", "NAME"]
 
@@ -40,7 +48,8 @@ DECODE_MAX_QUERY = 16
 
 def flashcpp_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
-    """transformers mask function for "flashcpp": None unless there is real padding.
+    """transformers mask function for "flashcpp": None unless there is real padding, or the
+    mask covers fewer keys than the call sees (a static cache's unused slots).
 
     attention_mask is the user's 2-D [B, kv] padding mask (or None). When every key is kept,
     the causal/sliding structure is expressed through is_causal and sliding_window instead.
@@ -58,12 +67,7 @@ def flashcpp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
                                sliding_window=None, softcap=None, is_causal=None, s_aux=None,
                                **kwargs):
     """transformers attention function: query [B, Hq, N, D], key/value [B, Hkv, Nk, D] in,
-    (attn_output [B, N, Hq, D], None) out."""
-    if attention_mask is not None:
-        raise ValueError(
-            "flashcpp attention: padding masks are not supported (the attention_mask has masked "
-            "positions, or a static cache was used); pass attention_mask=None or all ones, or "
-            "use attn_implementation='sdpa'")
+    (attn_output [B, N, Hq, D], None) out. attention_mask: None, or flashcpp_mask's [B, L]."""
     if dropout:
         raise ValueError(f"flashcpp attention: attention dropout is not supported (got {dropout}); "
                          "set config.attention_dropout=0 or call model.eval()")
@@ -80,6 +84,14 @@ def flashcpp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     options = dict(causal=bool(is_causal), softmax_scale=scaling, window=window,
                    softcap=softcap)
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError("flashcpp attention: expected the 2-D [batch, keys] padding mask "
+                             f"of flashcpp_mask, got shape {tuple(attention_mask.shape)}")
+        if not bool(attention_mask.all()):
+            return _padded_attention(q, k, v, attention_mask, options), None
+        # No padding, only fewer keys than the cache holds (a static cache): its first L.
+        k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = cu_q is not None and cu_k is not None
     if (is_causal and not packed and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] < k.shape[1]
@@ -102,6 +114,15 @@ def flashcpp_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
             int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **options)
         return out.unsqueeze(0), None
     return flashcpp_torch.attention(q, k, v, **options), None
+
+
+def _padded_attention(q, k, v, mask, options):
+    """A padded batch as one varlen call over its kept tokens, re-padded with zeros."""
+    packed = unpad(q, k, v, mask)
+    out = flashcpp_torch.attention_varlen(packed.q, packed.k, packed.v, packed.cu_seqlens_q,
+                                          packed.cu_seqlens_k, packed.max_seqlen_q,
+                                          packed.max_seqlen_k, **options)
+    return repad(out, packed.query_rows, q.shape[0], q.shape[1])
 
 
 def _skip_flash_attention_loader(names) -> None:

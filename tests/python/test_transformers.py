@@ -144,13 +144,64 @@ def test_greedy_generation_matches_sdpa_through_the_kvcache_path(device, dtype, 
     assert all(info.backend.startswith(device) for _, _, info in calls), calls[-1]
 
 
-def test_padding_mask_is_refused():
-    _, ours = llama_pair("cpu", torch.float32)
-    ids = torch.randint(0, 512, (2, 9))
+def left_padded_prompts(device, lengths, width):
+    """Prompts of the given lengths, left-padded with token 0 to `width`, and their mask."""
+    generator = torch.Generator(device=device).manual_seed(3)
+    ids = torch.randint(3, 512, (len(lengths), width), device=device, generator=generator)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    with pytest.raises(ValueError, match="padding masks are not supported"):
-        ours(input_ids=ids, attention_mask=mask)
+    for b, n in enumerate(lengths):
+        ids[b, :width - n] = 0
+        mask[b, :width - n] = 0
+    return ids, mask
+
+
+def test_padded_batch_logits_match_sdpa_on_cpu(monkeypatch):
+    sdpa, ours = llama_pair("cpu", torch.float32)
+    ids, mask = left_padded_prompts("cpu", [9, 4, 6], 9)
+    calls = record_calls(monkeypatch)
+    with torch.no_grad():
+        expected = sdpa(input_ids=ids, attention_mask=mask).logits
+        got = ours(input_ids=ids, attention_mask=mask).logits
+    kept = mask.bool()
+    torch.testing.assert_close(got[kept], expected[kept], atol=1e-4, rtol=1e-4)
+    # One varlen forward per layer over the 19 kept tokens.
+    assert [(path, n) for path, n, _ in calls] == [("forward", 19)] * 2
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("device, dtype", GENERATE, ids=[d for d, _ in GENERATE])
+def test_padded_batch_generate_matches_sdpa(device, dtype, cache):
+    # Batched greedy generation of left-padded prompts of different lengths: the prompt runs
+    # one varlen call per layer, each decode step another over the kept keys. A static cache
+    # adds unused slots past the tokens seen so far.
+    sdpa, ours = llama_pair(device, dtype)
+    ids, mask = left_padded_prompts(device, [7, 12, 3], 12)
+    settings = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        settings["cache_implementation"] = "static"
+    with torch.no_grad():
+        reference = sdpa.generate(ids, attention_mask=mask, output_logits=True,
+                                  return_dict_in_generate=True, **settings)
+        got = ours.generate(ids, attention_mask=mask, **settings)
+    expected = reference.sequences
+    assert got.shape == expected.shape == (3, 12 + 24)
+    where = first_divergence(got, expected)
+    if where is not None:
+        b, t = where
+        tie = margins(reference.logits) <= TIE[dtype]
+        assert tie[t - 12, b], f"token {t} of sequence {b} differs where sdpa has no tie"
+
+
+def test_static_cache_without_padding_reads_the_cache_in_place(monkeypatch):
+    _, ours = llama_pair("cpu", torch.float32)
+    prompt = torch.randint(3, 512, (2, 5))
+    calls = record_calls(monkeypatch)
+    with torch.no_grad():
+        ours.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                      pad_token_id=0, cache_implementation="static")
+    layers = ours.config.num_hidden_layers
+    assert [(path, n) for path, n, _ in calls] == (
+        [("forward", 5)] * layers + [("kvcache", 1)] * (2 * layers))
 
 
 def test_compiled_fullgraph_on_cpu():
