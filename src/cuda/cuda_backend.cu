@@ -18,6 +18,7 @@
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/split_heuristic.hpp"
+#include "cuda/plan_log.hpp"
 #include "cuda/sm80/bwd_dispatch.hpp"
 #include "cuda/sm80/decode_dispatch.hpp"
 #include "cuda/sm80/fwd_dispatch.hpp"
@@ -301,9 +302,10 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
   if (requested == Backend::cuda_sm90 && !sm90::any_fwd_built())
     throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
-  if (sm90_asked(dev, requested) && sm90_forward_runs(params)) return plan_sm90_forward(params);
+  if (sm90_asked(dev, requested) && sm90_forward_runs(params))
+    return log_plan("forward", params, plan_sm90_forward(params));
   // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
-  return plan_sm80_forward(params);
+  return log_plan("forward", params, plan_sm80_forward(params));
 }
 
 RunInfo run_forward(const Plan& plan, const ForwardParams& params, Stream stream,
@@ -326,7 +328,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
-  return plan;
+  return log_plan("kvcache", params, plan);
 }
 
 RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream,
@@ -373,7 +375,7 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
     plan.backend = Backend::cuda_sm90;
     plan.kernel = sm90::bwd_kernel_name(k);
     plan.kernel_index = int(&k - sm90::kBwdKernels);
-    return plan;
+    return log_plan("backward", params, plan);
   }
   if (params.head_dim_v != params.head_dim)
     throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
@@ -387,7 +389,7 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
   plan.backend = Backend::cuda_sm80;
   plan.kernel = sm80::bwd_kernel_name(*k, params.deterministic);
   plan.kernel_index = int(k - sm80::kBwdKernels);
-  return plan;
+  return log_plan("backward", params, plan);
 }
 
 // The sm90a entry runs its own pre-pass, main kernel and dq post-pass on the workspace's
