@@ -40,6 +40,7 @@ run
   --no-check            skip the comparison with the float64 reference
   --gemm-baseline       also time OpenBLAS cblas_sgemm at M=Nq, N=Nk, K=D on the same threads
                         and print the CPU backend's ratio to it
+  --json                print one JSON object (problem, kernel, times, check) instead of text
   --help                this text
 
 Exit codes: 0 ok, 1 a failed run or check, 2 a bad flag.
@@ -162,6 +163,9 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--gemm-baseline") {
       no_value();
       a.gemm_baseline = true;
+    } else if (flag == "--json") {
+      no_value();
+      a.json = true;
     } else {
       bad_flag(flag, "unknown flag");
     }

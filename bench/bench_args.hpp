@@ -24,6 +24,7 @@ struct Args {
   std::uint64_t seed = 0;
   bool gemm_baseline = false;
   bool check = true;
+  bool json = false;  // one JSON object on stdout instead of the text report
 };
 
 // The problem after defaults: every field set.

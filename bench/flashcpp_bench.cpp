@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bench_args.hpp"
+#include "bench_json.hpp"
 #include "bench_run.hpp"
 #include "bench_tensors.hpp"
 
@@ -31,7 +32,8 @@ double now_seconds() {
 Progress::Progress(int total) : total_(total), start_(now_seconds()) {}
 
 void Progress::step(int done) {
-  if (now_seconds() - start_ < 2.0) return;
+  // A terminal only: carriage returns would be glued into piped or logged output.
+  if (now_seconds() - start_ < 2.0 || !isatty(STDERR_FILENO)) return;
   shown_ = true;
   std::fprintf(stderr, "\rrep %d/%d", done, total_);
   std::fflush(stderr);
@@ -118,6 +120,57 @@ double sgemm_gflops(int m, int n, int kdim, int reps, int threads) {
 
 const char* yes_no(bool b) { return b ? "yes" : "no"; }
 
+void print_problem(const Problem& p) {
+  std::printf("flashcpp-bench\n");
+  std::printf("  problem     %s B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d Dv=%d %s\n", mode_name(p.mode),
+              p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v,
+              dtype_name(p.dtype));
+  std::printf("  options     causal=%s window=(%d,%d) softcap=%g scale=%.6g seed=%llu\n",
+              yes_no(p.causal), p.window_left, p.window_right, p.softcap, p.scale(),
+              static_cast<unsigned long long>(p.seed));
+  std::fflush(stdout);
+}
+
+void print_timing(const JsonReport& r) {
+  const Problem& p = r.problem;
+  const RunInfo& info = r.timing.info;
+  if (r.gpu)
+    std::printf("  backend     %s, kernel %s, splits %d (GPU)\n", backend_name(info.backend),
+                info.kernel, info.num_splits);
+  else
+    std::printf("  backend     %s, kernel %s, %d threads\n", backend_name(info.backend),
+                info.kernel, r.cpu_threads);
+  std::printf("  time        median %.3f ms over %d reps (warmup %d), min %.3f ms%s\n",
+              r.median_ms, p.reps, p.warmup, r.min_ms, r.gpu ? " (cudaEvent)" : "");
+  std::printf("  throughput  %s (%.4g GFLOP per call: %lld visible (query, key) pairs%s)\n",
+              rate(p.flops(), r.median_ms).c_str(), p.flops() * 1e-9,
+              static_cast<long long>(p.visible_pairs()), p.mode == Mode::bwd ? ", bwd = 2.5x fwd" : "");
+  std::fflush(stdout);
+}
+
+void print_check(const CheckResult& check, double seconds) {
+  std::printf("  check       %s vs the float64 reference (%s, %.1f s): %s\n",
+              check.ok ? "PASS" : "FAIL", check.scope.c_str(), seconds,
+              check.details.empty() ? "-" : check.details.c_str());
+  std::printf("  max abs err %.3g\n", check.max_abs_err);
+}
+
+// attention_gflops: the run's own rate, compared with sgemm's on CPU runs.
+void print_sgemm(int m, int n, int kdim, int threads, double gemm, double attention_gflops,
+                 const Problem& p, bool gpu) {
+  if (gemm < 0) {
+    std::printf("  sgemm       unavailable: flashcpp-bench was built without OpenBLAS\n");
+    return;
+  }
+  std::printf("  sgemm       OpenBLAS cblas_sgemm M=%d N=%d K=%d, %d threads: %.2f GFLOP/s\n", m, n,
+              kdim, threads, gemm);
+  if (gpu)
+    std::printf("  ratio       (the ratio is reported for CPU runs; this run was on the GPU)\n");
+  else
+    std::printf("  ratio       CPU %s reaches %.1f%% of sgemm's GFLOP/s\n", mode_name(p.mode),
+                100.0 * attention_gflops / gemm);
+}
+
 int run(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   const bool want_gpu = args.backend == Backend::cuda_sm80 || args.backend == Backend::cuda_sm90 ||
@@ -130,47 +183,26 @@ int run(int argc, char** argv) {
   const Problem p = apply_defaults(args, want_gpu);
   const Backend backend =
       args.backend == Backend::automatic && !want_gpu ? Backend::cpu : args.backend;
-
-  std::printf("flashcpp-bench\n");
-  std::printf("  problem     %s B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d Dv=%d %s\n", mode_name(p.mode),
-              p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v,
-              dtype_name(p.dtype));
-  std::printf("  options     causal=%s window=(%d,%d) softcap=%g scale=%.6g seed=%llu\n",
-              yes_no(p.causal), p.window_left, p.window_right, p.softcap, p.scale(),
-              static_cast<unsigned long long>(p.seed));
-  std::fflush(stdout);
+  const bool text = !args.json;
+  if (text) print_problem(p);
 
   Tensors t(p);
   const Timing timing = want_gpu ? run_gpu(p, backend, t) : run_cpu(p, backend, t);
   const double ms = median(timing.ms);
-  const double flops = p.flops();
-
-  if (want_gpu)
-    std::printf("  backend     %s, kernel %s, splits %d (GPU)\n", backend_name(timing.info.backend),
-                timing.info.kernel, timing.info.num_splits);
-  else
-    std::printf("  backend     %s, kernel %s, %d threads\n", backend_name(timing.info.backend),
-                timing.info.kernel, cpu_threads());
-  std::printf("  time        median %.3f ms over %d reps (warmup %d), min %.3f ms%s\n", ms, p.reps,
-              p.warmup, timing.ms.empty() ? 0.0 : *std::min_element(timing.ms.begin(), timing.ms.end()),
-              want_gpu ? " (cudaEvent)" : "");
-  std::printf("  throughput  %s (%.4g GFLOP per call: %lld visible (query, key) pairs%s)\n",
-              rate(flops, ms).c_str(), flops * 1e-9,
-              static_cast<long long>(p.visible_pairs()), p.mode == Mode::bwd ? ", bwd = 2.5x fwd" : "");
-  std::fflush(stdout);
+  const double min_ms =
+      timing.ms.empty() ? 0.0 : *std::min_element(timing.ms.begin(), timing.ms.end());
+  JsonReport report{p, timing, want_gpu, cpu_threads(), ms, min_ms, {}, {}};
+  if (text) print_timing(report);
 
   int status = 0;
   if (args.check) {
     // Whole problem up to 2e9 float64 multiply-adds (a second or two on 2 cores), else ~3e7
     // worth of sampled rows (one small reference call each).
     const double start = now_seconds();
-    const CheckResult check = check_against_reference(p, t, 2e9, 3e7);
-    std::printf("  check       %s vs the float64 reference (%s, %.1f s): %s\n",
-                check.ok ? "PASS" : "FAIL", check.scope.c_str(), now_seconds() - start,
-                check.details.empty() ? "-" : check.details.c_str());
-    std::printf("  max abs err %.3g\n", check.max_abs_err);
-    if (!check.ok) status = 1;
-  } else {
+    report.check = check_against_reference(p, t, 2e9, 3e7);
+    if (text) print_check(*report.check, now_seconds() - start);
+    if (!report.check->ok) status = 1;
+  } else if (text) {
     std::printf("  check       skipped (--no-check)\n");
   }
 
@@ -178,19 +210,11 @@ int run(int argc, char** argv) {
     const int threads = cpu_threads();
     const int m = std::max(p.seqlen_q, 1), n = std::max(p.seqlen_k, 1), kdim = p.head_dim;
     const double gemm = sgemm_gflops(m, n, kdim, std::max(p.reps, 5), threads);
-    if (gemm < 0) {
-      std::printf("  sgemm       unavailable: flashcpp-bench was built without OpenBLAS\n");
-    } else {
-      std::printf("  sgemm       OpenBLAS cblas_sgemm M=%d N=%d K=%d, %d threads: %.2f GFLOP/s\n", m,
-                  n, kdim, threads, gemm);
-      const double attention = ms > 0 ? flops / (ms * 1e-3) * 1e-9 : 0;
-      if (!want_gpu)
-        std::printf("  ratio       CPU %s reaches %.1f%% of sgemm's GFLOP/s\n", mode_name(p.mode),
-                    100.0 * attention / gemm);
-      else
-        std::printf("  ratio       (the ratio is reported for CPU runs; this run was on the GPU)\n");
-    }
+    if (gemm >= 0) report.sgemm_gflops = gemm;
+    const double attention_gflops = ms > 0 ? p.flops() / (ms * 1e-3) * 1e-9 : 0;
+    if (text) print_sgemm(m, n, kdim, threads, gemm, attention_gflops, p, want_gpu);
   }
+  if (!text) std::fputs(to_json(report).c_str(), stdout);
   return status;
 }
 
