@@ -9,6 +9,9 @@
 #      build/venv-system with --system-site-packages that installs nothing but flashcpp;
 #   3. otherwise the venv is created and the pins are installed from PyPI (CI).
 #   FLASHCPP_VENV=/path   use another venv for 1 and 3 (default: <repo>/.venv)
+#   FLASHCPP_TORCH_TESTS=1  also pin PyTorch and transformers (CI: .ci/run), so their tests
+#                         run instead of skipping. PyPI's Linux torch wheel brings NVIDIA's
+#                         CUDA libraries (~5.6 GB installed; ~75 s to download and install).
 #   extra arguments       passed to pytest (e.g. -k torch -x)
 # Exit status: pytest's (non-zero on any failure); 0 when every test passed or was skipped.
 set -euo pipefail
@@ -19,6 +22,9 @@ python="${PYTHON:-python3}"
 # Pinned test and build dependencies (PyPI, Python 3.11). nanobind 3.1 is also what the GPU
 # machine has; torch/transformers are optional (their tests skip when they are missing).
 pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6)
+if [[ "${FLASHCPP_TORCH_TESTS:-0}" == 1 ]]; then
+  pins+=(torch==2.15.0 transformers==5.23.0)
+fi
 
 has_pins() {
   "$1" - "${pins[@]}" <<'PY' >/dev/null 2>&1
