@@ -155,9 +155,12 @@ def left_padded_prompts(device, lengths, width):
     return ids, mask
 
 
-def test_padded_batch_logits_match_sdpa_on_cpu(monkeypatch):
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_logits_match_sdpa_on_cpu(side, monkeypatch):
     sdpa, ours = llama_pair("cpu", torch.float32)
     ids, mask = left_padded_prompts("cpu", [9, 4, 6], 9)
+    if side == "right":
+        ids, mask = ids.flip(1), mask.flip(1)
     calls = record_calls(monkeypatch)
     with torch.no_grad():
         expected = sdpa(input_ids=ids, attention_mask=mask).logits
