@@ -38,8 +38,9 @@ def report() -> None:
         print(f"kernels  CUDA {', '.join('sm' + a for a in info.cuda_archs)}; head dims "
               f"{', '.join(map(str, info.head_dims))} (a smaller head dim runs on the next "
               f"larger kernel); {', '.join(info.dtypes)}")
-        print(f"cuda     toolkit {info.cuda_toolkit}, runtime linked "
-              f"{info.cuda_runtime_linking}")
+        runtime = ("linked statically: needs only the driver"
+                   if info.cuda_runtime_linking == "static" else "a shared library (libcudart)")
+        print(f"cuda     toolkit {info.cuda_toolkit}; runtime {runtime}")
     else:
         print("kernels  CPU backend only (built without CUDA: FLASHCPP_CUDA=1 pip install .)")
     driver = _driver.report()
