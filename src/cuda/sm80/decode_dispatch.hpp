@@ -59,13 +59,13 @@ inline int decode_m_tiles(const KVCacheParams& p) {
 
 // Splits for about one CTA per SM. A CTA streams its K/V at several times an SM's share of
 // the memory bandwidth, so one per SM keeps the memory busy, and fewer splits leave fewer
-// partials for the combine and fewer CTA start-ups; each split keeps at least 8 key blocks of
-// the capacity. Decided from shapes only: the lengths live on the device.
+// partials for the combine and fewer CTA start-ups; each split keeps at least 2 key blocks of
+// the capacity (short caches are latency-bound: more splits walk shorter chains). Decided from shapes only: the lengths live on the device.
 inline int decode_splits(const KVCacheParams& p, const DecodeTile& t, int sm_count) {
   const std::int64_t ctas = std::int64_t(p.batch) * p.heads_kv * decode_m_tiles(p);
   if (ctas <= 0 || 2 * ctas > sm_count) return 1;
   const std::int64_t blocks = (std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n;
-  const std::int64_t by_blocks = std::max<std::int64_t>(1, blocks / 8);
+  const std::int64_t by_blocks = std::max<std::int64_t>(1, blocks / 2);
   return int(std::min<std::int64_t>({sm_count / ctas, by_blocks, 128}));
 }
 
