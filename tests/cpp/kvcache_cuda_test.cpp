@@ -204,6 +204,16 @@ TEST_F(KvCacheCuda, EveryPageSize) {
   check_gpu(gpu_case({7, 300}, 2, 8, 1, 64, DType::fp16, 7));
 }
 
+// D != Dv: the decode kernel of the larger head dim, K zero-filled past D and V past Dv.
+TEST_F(KvCacheCuda, ValueHeadDimDiffers) {
+  KvCase narrow_v = gpu_case({0, 100, 700}, 1, 32, 8, 128, DType::bf16, 0);
+  narrow_v.head_dim_v = 64;
+  check_gpu(narrow_v);
+  KvCase wide_v = gpu_case({3, 64, 500}, 4, 16, 4, 64, DType::fp16, 16);
+  wide_v.head_dim_v = 128;
+  check_gpu(wide_v);
+}
+
 TEST_F(KvCacheCuda, Masks) {
   // No mask: the new tokens see every key, later new tokens included.
   KvCase full = gpu_case({40, 0, 700}, 16, 32, 4, 128, DType::bf16, 16);

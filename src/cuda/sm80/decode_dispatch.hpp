@@ -1,7 +1,7 @@
 #pragma once
 // Host side of the KV-cache decode seen by the planner (cuda_backend.cu): which
 // instantiations this build has, the split count and the kernel names reported in RunInfo.
-// Not covered: head_dim_v != head_dim and dtypes other than fp16/bf16 (clear errors).
+// Not covered: dtypes other than fp16/bf16 (a clear error).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -35,17 +35,16 @@ inline constexpr DecodeKernel kDecodeKernels[] = {
     kRegistrySentinel<DecodeEntry>};
 #undef FLASHCPP_SM80_DECODE
 
+// The instantiation whose (padded) head dim covers both D and Dv: K and Q are zero-filled past
+// D and V past Dv, so the smaller of the two runs in the larger's tile.
 inline const DecodeKernel& decode_kernel_for(const KVCacheParams& p) {
-  if (p.head_dim_v != p.head_dim)
-    throw Error("cuda kvcache: head_dim_v (" + std::to_string(p.head_dim_v) +
-                ") different from head_dim (" + std::to_string(p.head_dim) +
-                ") is not supported yet");
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16)
     throw Error(std::string("cuda kvcache: dtype ") + dtype_name(p.dtype) +
                 " is not supported (supported: fp16, bf16)");
-  const DecodeKernel* k = smallest_covering(kDecodeKernels, p.dtype, p.head_dim);
+  const int head_dim = std::max(p.head_dim, p.head_dim_v);
+  const DecodeKernel* k = smallest_covering(kDecodeKernels, p.dtype, head_dim);
   if (!k)
-    throw Error("cuda kvcache: no decode kernel for head dim " + std::to_string(p.head_dim) + " " +
+    throw Error("cuda kvcache: no decode kernel for head dim " + std::to_string(head_dim) + " " +
                 dtype_name(p.dtype) + " in this build (built head dims for " + dtype_name(p.dtype) +
                 ": " + built_head_dims(kDecodeKernels, p.dtype) +
                 "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
