@@ -22,6 +22,7 @@
 #include "cpu/fp32_input.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/visible_product.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
@@ -121,6 +122,9 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
       for (int j = 0; j < cols; ++j) ds[j] *= 1.0f - t[j] * t[j];
     }
   }
+  // dP of a hidden key is dO.V[j], NaN when V[j] is: its dS must be 0, not 0 * NaN.
+  if (!mask.is_full(r0, r0 + rows, c0, c0 + cols))
+    mask.apply(w.ds.data(), cols, r0, rows, c0, cols, 0.0f);
 }
 
 void row_stats(const BackwardParams& p, const Inputs& in, const Sequence& seq, int head,
@@ -176,14 +180,14 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
   const int d = p.head_dim, kv_head = head / (p.heads_q / p.heads_kv);
   const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
   std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
-  const KeyRange span =
-      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).keys_of_rows(r0, r0 + rows);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
 
   for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
     const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
     recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-    block_gemm(Op::none, Op::none, rows, d, cols, p.scale, w.ds.data(), cols,  // dQ += dS K
-               pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), 1.0f, w.acc.data(), d);
+    visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,  // dQ += dS K
+                    pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), w.acc.data(), d);
   }
   for (int i = 0; i < rows; ++i)
     store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
@@ -193,7 +197,7 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
 }  // namespace
 
 void tiled_backward(const BackwardParams& p) {
-  use_single_threaded_blas();
+  const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v),
                   q_input(p, p.out, p.out_stride, p.head_dim_v),
@@ -204,8 +208,8 @@ void tiled_backward(const BackwardParams& p) {
     for (int h = 0; h < p.heads_q; ++h) row_stats(p, in, sequence_of(p, b), h, stats);
 
   const Problem problem{p, in, stats, score_transform(p)};
-  const std::int64_t key_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  const std::int64_t query_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
+  const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
   const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
 #pragma omp parallel

@@ -16,6 +16,7 @@
 #include "cpu/fp32_input.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/visible_product.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
@@ -49,6 +50,9 @@ void online_softmax(float* s, int rows, int cols, float* m, float* l, float* o, 
 #pragma omp simd reduction(max : max)
     for (int j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
     if (max == kMinusInf) {  // nothing visible to this row yet: 2^(-inf - -inf) would be NaN
+      // The max skips NaN: a row whose visible scores are all NaN so far must still end NaN.
+      if (std::any_of(row, row + cols, [](float x) { return std::isnan(x); }))
+        l[i] = std::numeric_limits<float>::quiet_NaN();
       std::fill(row, row + cols, 0.0f);
       continue;
     }
@@ -87,13 +91,13 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
     block_scores(in.q.q_row(seq, r0, head), in.q.ld(), in.k.k_row(seq, c0, kv_head), in.k.ld(),
                  p.head_dim, transform, mask, r0, rows, c0, cols, w.s.data(), nullptr);
     online_softmax(w.s.data(), rows, cols, w.m.data(), w.l.data(), w.o.data(), dv);
-    block_gemm(Op::none, Op::none, rows, dv, cols, 1.0f, w.s.data(), cols,
-               in.v.k_row(seq, c0, kv_head), in.v.ld(), 1.0f, w.o.data(), dv);
+    visible_product(mask, r0, rows, c0, cols, dv, 1.0f, w.s.data(), cols,
+                    in.v.k_row(seq, c0, kv_head), in.v.ld(), w.o.data(), dv);
   }
 
   for (int i = 0; i < rows; ++i) {
     float* o_row = w.o.data() + static_cast<std::int64_t>(i) * dv;
-    const bool empty = w.l[i] == 0.0f;  // no visible key: out = 0, lse = -inf
+    const bool empty = w.l[i] == 0.0f;  // no visible key: out = 0, lse = -inf (NaN stays NaN)
     const float inv_l = empty ? 0.0f : 1.0f / w.l[i];
     for (int d = 0; d < dv; ++d) o_row[d] *= inv_l;
     store_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv);
@@ -107,10 +111,10 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
 }  // namespace
 
 void tiled_forward(const ForwardParams& p) {
-  use_single_threaded_blas();
+  const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v)};
-  const std::int64_t blocks_per_head = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
 
   // Tasks are (batch, head, row block), row block fastest so neighbouring tasks share K/V in
