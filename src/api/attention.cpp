@@ -116,6 +116,7 @@ bool cuda_available() {
 }
 
 Backend select_backend(const TensorView& q, const AttentionOptions& options) {
+  detail::validate_select(q, options);
   const Backend family = detail::check_backend(q, options);
   if (family == Backend::cpu || family == Backend::cpu_reference) return family;
 #ifdef FLASHCPP_WITH_CUDA

@@ -210,6 +210,12 @@ Backend check_backend(const TensorView& q, const AttentionOptions& options) {
 #endif
 }
 
+void validate_select(const TensorView& q, const AttentionOptions& options) {
+  if (q.rank != 3) check_rank(q, "q", 4, "[B, Nq, Hq, D] (3 for varlen: [total_q, Hq, D])");
+  check_rank(q, "q", q.rank, "");
+  check_options(options);
+}
+
 ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& options,
                                Backend backend, HostCopies& copies, Outputs outputs) {
   const bool varlen = t.cu_seqlens_q != nullptr || t.cu_seqlens_k != nullptr;
@@ -307,6 +313,8 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
     p.seqlen_k = t.max_seqlen_k;
     p.cu_seqlens_q = static_cast<const std::int32_t*>(t.cu_seqlens_q->data);
     p.cu_seqlens_k = static_cast<const std::int32_t*>(t.cu_seqlens_k->data);
+    p.total_rows_q = t.q.shape[0];
+    p.total_rows_k = t.k.shape[0];
     if (t.cu_seqlens_q->device.type == DeviceType::cpu) {
       // The host backends use the checked copies, and their work follows the real lengths.
       p.cu_seqlens_q = copies.cu_seqlens_q.data();
@@ -417,6 +425,9 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
   if (heads_q % heads_kv != 0)
     fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
+  check_int32(heads_kv, "k_cache", "kv heads", "exceed");
+  check_int32(heads_q, "q", "query heads", "exceed");
+  if (batch > INT32_MAX) fail("q: batch size ", batch, " exceeds 2^31 - 1");
 
   // The cache's capacity per sequence: Nmax, or max_pages_per_seq * page_size.
   std::int64_t capacity = t.k_cache.shape[1];
@@ -430,6 +441,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     if (bt.shape[1] > 1 && bt.stride[1] != 1)
       fail("block_table: the page dimension must be contiguous, got stride ", bt.stride[1]);
     if (!bt.empty() && bt.data == nullptr) fail("block_table: data pointer is null");
+    if (reinterpret_cast<std::uintptr_t>(bt.data) % alignof(std::int32_t) != 0)
+      fail("block_table: data pointer is not ", alignof(std::int32_t), "-byte aligned");
     if (t.k_cache.shape[1] <= 0) fail("k_cache: page size must be positive, got ", t.k_cache.shape[1]);
     max_pages = bt.shape[1];
     capacity = max_pages * t.k_cache.shape[1];
@@ -445,6 +458,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   if (lens.shape[0] > 1 && lens.stride[0] != 1)
     fail("cache_seqlens: must be contiguous, got stride ", lens.stride[0]);
   if (!lens.empty() && lens.data == nullptr) fail("cache_seqlens: data pointer is null");
+  if (reinterpret_cast<std::uintptr_t>(lens.data) % alignof(std::int32_t) != 0)
+    fail("cache_seqlens: data pointer is not ", alignof(std::int32_t), "-byte aligned");
 
   if (t.k_new != nullptr) {
     const struct {
@@ -481,6 +496,16 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   for (const auto& [view, name] : {std::pair{&t.q, "q"}, {&t.k_cache, "k_cache"},
                                    {&t.v_cache, "v_cache"}, {&t.out, "out"}})
     check_memory(*view, name, cuda);
+  // Appending writes the caches: then they are outputs too.
+  if (t.k_new != nullptr)
+    check_no_overlap({{&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"}, {&t.out, "out"},
+                      {t.lse, "lse"}},
+                     {{&t.q, "q"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
+  else
+    check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
+                     {{&t.q, "q"}, {&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"},
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
 
   // Host-side lengths and pages (CPU tensors): every key a sequence will read lies in the cache.
   const std::int64_t appended = t.k_new != nullptr ? nnew : 0;

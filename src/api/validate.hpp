@@ -48,6 +48,9 @@ struct HostCopies {
 // `stand_in`: they are placeholders (a workspace query, the forward part of a backward call).
 enum class Outputs { given, stand_in };
 
+// select_backend's arguments: q of rank 4 (3 for varlen), the options.
+void validate_select(const TensorView& q, const AttentionOptions& options);
+
 ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& options,
                                Backend backend, HostCopies& copies,
                                Outputs outputs = Outputs::given);

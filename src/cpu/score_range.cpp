@@ -8,33 +8,53 @@
 #include <cmath>
 #include <cstdint>
 #include <sstream>
-#include <vector>
 
+#include "common/half.hpp"
 #include "cpu/cpu_backend.hpp"
-#include "cpu/element_io.hpp"
 #include "cpu/sequence.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
 
+// The largest finite |x| of each row, on the bits: without the sign bit, finite values of
+// fp32, fp16 and bf16 order like their integers, and every exponent bit set means NaN or Inf.
+// Integer max reductions vectorise; this pass runs on every call, so it must stay cheap.
+template <typename Bits>
+Bits max_finite_bits(const Bits* row, int dim, Bits magnitude_mask, Bits infinity) {
+  Bits largest = 0;
+#pragma omp simd reduction(max : largest)
+  for (int d = 0; d < dim; ++d) {
+    const Bits a = row[d] & magnitude_mask;
+    const Bits finite = a < infinity ? a : 0;
+    largest = finite > largest ? finite : largest;
+  }
+  return largest;
+}
+
 float max_finite_abs(const void* data, ElementType type, const Strides& s, std::int64_t batch,
                      std::int64_t rows, int heads, int dim) {
-  float largest = 0.0f;
+  std::uint32_t largest = 0;  // bits of the dtype
 #pragma omp parallel for collapse(2) reduction(max : largest)
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t r = 0; r < rows; ++r) {
-      std::vector<float> row(static_cast<std::size_t>(dim));
       for (int h = 0; h < heads; ++h) {
-        load_row(data, type, b * s.batch + r * s.row + h * s.head, dim, row.data());
-        for (float x : row) {
-          const float a = std::fabs(x);
-          if (a <= FLT_MAX) largest = std::max(largest, a);
-        }
+        const std::int64_t offset = b * s.batch + r * s.row + h * s.head;
+        std::uint32_t bits;
+        if (type == ElementType::fp32)
+          bits = max_finite_bits(static_cast<const std::uint32_t*>(data) + offset, dim,
+                                 0x7fffffffu, 0x7f800000u);
+        else
+          bits = max_finite_bits(static_cast<const std::uint16_t*>(data) + offset, dim,
+                                 std::uint16_t{0x7fff},
+                                 static_cast<std::uint16_t>(type == ElementType::fp16 ? 0x7c00 : 0x7f80));
+        largest = std::max(largest, bits);
       }
     }
   }
-  return largest;
+  if (type == ElementType::fp32) return std::bit_cast<float>(largest);
+  const auto half = static_cast<std::uint16_t>(largest);
+  return type == ElementType::fp16 ? fp16_to_float(half) : bf16_to_float(half);
 }
 
 }  // namespace

@@ -122,9 +122,12 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
       for (int j = 0; j < cols; ++j) ds[j] *= 1.0f - t[j] * t[j];
     }
   }
-  // dP of a hidden key is dO.V[j], NaN when V[j] is: its dS must be 0, not 0 * NaN.
-  if (!mask.is_full(r0, r0 + rows, c0, c0 + cols))
+  // Hidden keys get exactly P = dS = 0: dP = dO.V[j] is NaN when V[j] is, and a NaN lse (a
+  // row that sees a NaN score) makes 2^(-inf - lse) NaN.
+  if (!mask.is_full(r0, r0 + rows, c0, c0 + cols)) {
+    mask.apply(w.p.data(), cols, r0, rows, c0, cols, 0.0f);
     mask.apply(w.ds.data(), cols, r0, rows, c0, cols, 0.0f);
+  }
 }
 
 void row_stats(const BackwardParams& p, const Inputs& in, const Sequence& seq, int head,

@@ -258,18 +258,26 @@ std::string tiny_softcap() {
   return c.forward();
 }
 
-// NaN in v at keys rows >= 14 cannot see (window (4, 4)): their outputs stay finite.
-std::string nan_v_at_masked_keys() {
+// NaN in k or v at keys 0..9, which rows >= 14 cannot see (window (4, 4)): their outputs stay
+// finite, and so do dq of those rows and dk, dv of keys >= 18 (seen only by them).
+std::string nan_at_hidden_keys(bool in_v) {
   for (Backend backend : {Backend::cpu, Backend::cpu_reference}) {
     Call c(backend);
     c.options.window_left = c.options.window_right = 4;
-    for (int j = 0; j < 10; ++j) c.t.v.set(j * 16 + 2, kNaN);
+    for (int j = 0; j < 10; ++j) (in_v ? c.t.v : c.t.k).set(j * 16 + 2, kNaN);
     c.forward();
-    for (int i = 14; i < 24; ++i)
-      for (int d = 0; d < 16; ++d)
-        if (!std::isfinite(c.t.out.get(i * 16 + d)))
-          return std::string(backend_name(backend)) + ": out row " + std::to_string(i) + " is " +
-                 std::to_string(c.t.out.get(i * 16 + d));
+    c.backward();
+    const struct {
+      const HostTensor& t;
+      const char* name;
+      int first_row;
+    } checks[] = {{c.t.out, "out", 14}, {c.t.dq, "dq", 14}, {c.t.dk, "dk", 18}, {c.t.dv, "dv", 18}};
+    for (const auto& check : checks)
+      for (int i = check.first_row; i < 24; ++i)
+        for (int d = 0; d < 16; ++d)
+          if (!std::isfinite(check.t.get(i * 16 + d)))
+            return std::string(backend_name(backend)) + ": " + check.name + " row " +
+                   std::to_string(i) + " is " + std::to_string(check.t.get(i * 16 + d));
   }
   return "rows past the NaN keys finite";
 }
@@ -403,7 +411,10 @@ const std::vector<Row>& rows() {
        "q, k: scores overflow float32 (softmax_scale 1e+38, max|q| ..."},
       {"5", "softcap 1e-40", tiny_softcap,
        "softcap: softmax_scale / softcap (0.25 / 9.99995e-41) must be finite"},
-      {"6", "NaN in v at masked keys", nan_v_at_masked_keys, "rows past the NaN keys finite"},
+      {"6", "NaN in v at masked keys", [] { return nan_at_hidden_keys(true); },
+       "rows past the NaN keys finite"},
+      {"6", "NaN in k at masked keys", [] { return nan_at_hidden_keys(false); },
+       "rows past the NaN keys finite"},
       {"7", "misaligned cu_seqlens", misaligned_offsets,
        "cu_seqlens_q: data pointer is not 4-byte aligned"},
       {"9", "varlen tails", [] { return varlen_tails({3, 5}); }, "tails written"},
