@@ -66,8 +66,8 @@ void check_dim(const TensorView& t, const char* name, int dim, std::int64_t expe
 }
 
 // Counts the kernels index with int: larger ones would be truncated.
-void check_int32(std::int64_t value, const char* name, const char* what, const char* verb) {
-  if (value > INT32_MAX) fail(name, ": ", value, " ", what, " ", verb, " 2^31 - 1");
+void check_int32(std::int64_t value, const char* name, const char* what) {
+  if (value > INT32_MAX) fail(name, ": ", value, " ", what, " exceed 2^31 - 1");
 }
 
 void check_head_dim(std::int64_t dim, const char* name) {
@@ -147,7 +147,7 @@ int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q
   if (cu.data == nullptr) fail(name, ": data pointer is null");
   if (reinterpret_cast<std::uintptr_t>(cu.data) % alignof(std::int32_t) != 0)
     fail(name, ": data pointer is not ", alignof(std::int32_t), "-byte aligned");
-  check_int32(cu.shape[0] - 1, name, "sequences", "exceed");
+  check_int32(cu.shape[0] - 1, name, "sequences");
   if (max_seqlen < 0) fail(max_name, ": must be >= 0, got ", max_seqlen);
   if (cu.device.type == DeviceType::cpu) {
     const auto* source = static_cast<const std::int32_t*>(cu.data);
@@ -263,12 +263,12 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
   if (heads_q % heads_kv != 0)
     fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
-  check_int32(heads_kv, "k", "kv heads", "exceed");
-  check_int32(heads_q, "q", "query heads", "exceed");
+  check_int32(heads_kv, "k", "kv heads");
+  check_int32(heads_q, "q", "query heads");
   if (!varlen) {
     if (batch > INT32_MAX) fail("q: batch size ", batch, " exceeds 2^31 - 1");
-    check_int32(t.q.shape[1], "q", "queries", "exceed");
-    check_int32(t.k.shape[1], "k", "keys", "exceed");
+    check_int32(t.q.shape[1], "q", "queries");
+    check_int32(t.k.shape[1], "k", "keys");
   }
 
   if (t.lse != nullptr) {
@@ -425,8 +425,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
   if (heads_q % heads_kv != 0)
     fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
-  check_int32(heads_kv, "k_cache", "kv heads", "exceed");
-  check_int32(heads_q, "q", "query heads", "exceed");
+  check_int32(heads_kv, "k_cache", "kv heads");
+  check_int32(heads_q, "q", "query heads");
   if (batch > INT32_MAX) fail("q: batch size ", batch, " exceeds 2^31 - 1");
 
   // The cache's capacity per sequence: Nmax, or max_pages_per_seq * page_size.
