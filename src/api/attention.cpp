@@ -60,8 +60,9 @@ RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOption
   if (family == Backend::cpu_reference || family == Backend::cpu) {
     const bool reference = family == Backend::cpu_reference;
     if (!nothing_to_do(params)) {
-      detail::cpu::check_scores_fit(params);
-      reference ? detail::cpu::reference_forward(params) : detail::cpu::tiled_forward(params);
+      const bool non_finite = detail::cpu::check_scores(params);
+      reference ? detail::cpu::reference_forward(params)
+                : detail::cpu::tiled_forward(params, non_finite);
     }
     if (params.is_varlen()) detail::cpu::clear_varlen_tails(params, tensors.q.shape[0]);
     if (reference) return {Backend::cpu_reference, "cpu_reference_f64", 1};
@@ -86,7 +87,7 @@ RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOpti
   if (family == Backend::cpu_reference || family == Backend::cpu) {
     const bool reference = family == Backend::cpu_reference;
     if (!nothing_to_do_backward(params)) {
-      detail::cpu::check_scores_fit(params);
+      detail::cpu::check_scores(params);
       reference ? detail::cpu::reference_backward(params) : detail::cpu::tiled_backward(params);
     }
     if (params.is_varlen())

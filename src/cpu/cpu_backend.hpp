@@ -12,12 +12,15 @@ void reference_forward(const ForwardParams& params);
 void reference_backward(const BackwardParams& params);
 
 // Tiled forward/backward with fp32 accumulation, threaded over (batch, head, row block).
-void tiled_forward(const ForwardParams& params);
+// `non_finite_inputs`: q or k holds NaN or Inf (check_scores), so scores may be NaN and the
+// forward tracks them; the other calls take the loop without that bookkeeping.
+void tiled_forward(const ForwardParams& params, bool non_finite_inputs);
 void tiled_backward(const BackwardParams& params);
 
 // Throws flashcpp::Error when finite q and k could give a score that overflows float32 (the
-// CPU backends refuse such inputs before writing anything). No-op with a softcap.
-void check_scores_fit(const ForwardParams& params);
+// CPU backends refuse such inputs before writing anything; with a softcap none can). Returns
+// whether q or k holds NaN or Inf.
+bool check_scores(const ForwardParams& params);
 
 // Varlen: writes the output rows past cu_seqlens[B] (up to rows_q / rows_k, the tensors' row
 // counts): out 0 and lse -inf; dq, dk, dv 0.

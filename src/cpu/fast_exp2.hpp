@@ -7,16 +7,14 @@
 
 namespace flashcpp::detail::cpu {
 
-// For x <= 128: relative error about 2e-7; exactly 0 below -125 (so -inf gives 0); NaN for NaN
-// of either sign (a NaN score must reach the output, docs/semantics.md).
+// For x <= 128: relative error about 2e-7; exactly 0 below -125 (so -inf gives 0).
 inline float fast_exp2(float x) {
   // Branch-free on integer masks: under the default -ftrapping-math GCC does not turn float
   // compares or float selects into vector code, and this loop must vectorise.
   // x < -125 is tested on the bits: negative floats order like their unsigned bits.
   constexpr std::uint32_t kBound = std::bit_cast<std::uint32_t>(-125.0f);
   const std::uint32_t x_bits = std::bit_cast<std::uint32_t>(x);
-  const std::uint32_t nan = (x_bits & 0x7fffffffu) > 0x7f800000u ? ~0u : 0u;
-  const std::uint32_t keep = x_bits > kBound ? nan : ~0u;  // all ones unless x < -125
+  const std::uint32_t keep = x_bits > kBound ? 0u : ~0u;  // all ones unless x < -125
   const float clamped = std::bit_cast<float>((x_bits & keep) | (kBound & ~keep));
 
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound keeps round(x) in the low bits
@@ -30,7 +28,7 @@ inline float fast_exp2(float x) {
   // Add round(x) to the exponent field: the low bits of `shifted` hold round(x).
   const std::uint32_t bits =
       std::bit_cast<std::uint32_t>(poly) + (std::bit_cast<std::uint32_t>(shifted) << 23);
-  return std::bit_cast<float>((bits & keep) | (0x7fc00000u & nan));
+  return std::bit_cast<float>(bits & keep);
 }
 
 }  // namespace flashcpp::detail::cpu

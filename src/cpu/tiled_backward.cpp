@@ -10,6 +10,7 @@
 // (7 block products per score block instead of 5); the alternatives were dQ atomics
 // (nondeterministic) or per-task dQ/dK partial buffers of O(B * Hq * N * D) floats.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -109,6 +110,11 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
     if (lse_log2[i] == kMinusInf) {  // no visible key: the row contributes nothing
       std::fill(prob, prob + cols, 0.0f);
       std::fill(ds, ds + cols, 0.0f);
+      continue;
+    }
+    if (std::isnan(lse_log2[i])) {  // the forward row saw a NaN score: its gradients are NaN
+      std::fill(prob, prob + cols, std::numeric_limits<float>::quiet_NaN());
+      std::fill(ds, ds + cols, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
     const float lse = lse_log2[i], d_i = delta[i];
