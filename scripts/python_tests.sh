@@ -20,8 +20,9 @@ venv="${FLASHCPP_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
 
 # Pinned test and build dependencies (PyPI, Python 3.11). nanobind 3.1 is also what the GPU
-# machine has; torch/transformers are optional (their tests skip when they are missing).
-pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6)
+# machine has; torch/transformers are optional (their tests skip when they are missing), and so
+# is hypothesis where the venv is not ours (offline: test_properties.py skips without it).
+pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6 hypothesis==6.140.2)
 if [[ "${FLASHCPP_TORCH_TESTS:-0}" == 1 ]]; then
   pins+=(torch==2.15.0 transformers==5.23.0)
 fi

@@ -40,7 +40,8 @@ struct TensorView {
   std::array<std::int64_t, kMaxRank> stride{};
   Device device{};
 
-  // A view with the given shape and strides.
+  // A view with the given shape and strides (one stride per dimension, at most kMaxRank
+  // dimensions: anything else throws flashcpp::Error).
   static TensorView strided(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
                             std::initializer_list<std::int64_t> stride, Device device = {});
   // A view of densely packed row-major memory.

@@ -50,11 +50,16 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
     q_shape, v_shape = shape_of(q, "q"), shape_of(v, "v")
     shape_of(k, "k")
     varlen = cu_seqlens_q is not None
-    if out is None and q_shape and v_shape:
-        out = fw.empty(q, q_shape[:-1] + v_shape[-1:])
+    _check_not_scalar(q_shape, "q")
+    _check_not_scalar(v_shape, "v")
+    # Varlen rows past cu_seqlens_q[B] belong to no sequence; CUDA kernels do not write them,
+    # so outputs allocated here start as out 0 and lse -inf (docs/semantics.md).
+    if out is None:
+        shape = q_shape[:-1] + v_shape[-1:]
+        out = fw.zeros(q, shape) if varlen else fw.empty(q, shape)
     if return_lse and lse_out is None:
         if varlen and len(q_shape) == 3:
-            lse_out = fw.empty(q, (q_shape[1], q_shape[0]), "float32")
+            lse_out = fw.full(q, (q_shape[1], q_shape[0]), float("-inf"), "float32")
         elif not varlen and len(q_shape) == 4:
             lse_out = fw.empty(q, (q_shape[0], q_shape[2], q_shape[1]), "float32")
     q, k, v = fw.prepare(q), fw.prepare(k), fw.prepare(v)
@@ -116,14 +121,22 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                     stream, out, lse_out, kwargs)
 
 
+def _check_not_scalar(shape, name):
+    if not shape:
+        raise _native.Error(f"{name}: expected an array with dimensions (4: [B, N, H, D]; 3 for "
+                            "varlen), got a 0-dimensional one")
+
+
 def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               stream, dq, dk, dv, kwargs):
     fw = framework_of(q)
     shapes = [shape_of(t, n) for t, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"),
                                           (out, "out"), (lse, "lse"))]
-    dq = fw.empty(q, shapes[1]) if dq is None else dq
-    dk = fw.empty(q, shapes[2]) if dk is None else dk
-    dv = fw.empty(q, shapes[3]) if dv is None else dv
+    # Varlen rows past cu_seqlens[B] are not written by CUDA kernels: they start at zero.
+    allocate = fw.empty if cu_seqlens_q is None else fw.zeros
+    dq = allocate(q, shapes[1]) if dq is None else dq
+    dk = allocate(q, shapes[2]) if dk is None else dk
+    dv = allocate(q, shapes[3]) if dv is None else dv
     dout, q, k, v, out, lse = (fw.prepare(t) for t in (dout, q, k, v, out, lse))
     with fw.device_guard(q):
         handle = fw.default_stream(q) if stream is None else stream_handle(stream)

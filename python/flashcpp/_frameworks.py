@@ -63,8 +63,17 @@ class Framework:
             return xp.empty(tuple(shape), dtype=kind)
         return xp.empty(tuple(shape), dtype=kind, device=device)
 
-    def full(self, like: Any, shape: Sequence[int], value: int, dtype: str) -> Any:
-        """A new array of `value` on like's device, of dtype 'int32' (cache lengths)."""
+    def zeros(self, like: Any, shape: Sequence[int]) -> Any:
+        """A new array of zeros of like's dtype on like's device."""
+        xp = self._namespace(like)
+        device = getattr(like, "device", None)
+        if device is None:
+            return xp.zeros(tuple(shape), dtype=like.dtype)
+        return xp.zeros(tuple(shape), dtype=like.dtype, device=device)
+
+    def full(self, like: Any, shape: Sequence[int], value: Any, dtype: str) -> Any:
+        """A new array of `value` on like's device, of dtype 'int32' (cache lengths) or
+        'float32' (-inf lse rows)."""
         xp = self._namespace(like)
         device = getattr(like, "device", None)
         if device is None:
@@ -101,6 +110,9 @@ class NumpyFramework(Framework):
     def empty(self, like, shape, dtype=None):
         return self.np.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype)
 
+    def zeros(self, like, shape):
+        return self.np.zeros(tuple(shape), dtype=like.dtype)
+
     def full(self, like, shape, value, dtype):
         return self.np.full(tuple(shape), value, dtype=dtype)
 
@@ -121,6 +133,9 @@ class TorchFramework(Framework):
     def empty(self, like, shape, dtype=None):
         kind = like.dtype if dtype is None else getattr(self.torch, dtype)
         return self.torch.empty(tuple(shape), dtype=kind, device=like.device)
+
+    def zeros(self, like, shape):
+        return self.torch.zeros(tuple(shape), dtype=like.dtype, device=like.device)
 
     def full(self, like, shape, value, dtype):
         return self.torch.full(tuple(shape), value, dtype=getattr(self.torch, dtype),
@@ -166,6 +181,10 @@ class CupyFramework(Framework):
     def empty(self, like, shape, dtype=None):
         with like.device:
             return self.cupy.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype)
+
+    def zeros(self, like, shape):
+        with like.device:
+            return self.cupy.zeros(tuple(shape), dtype=like.dtype)
 
     def full(self, like, shape, value, dtype):
         with like.device:

@@ -7,6 +7,7 @@ workspace, so this module imports nothing but the extension module and the stand
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
@@ -64,13 +65,29 @@ def options(
     return dict(
         causal=bool(causal),
         softmax_scale=None if softmax_scale is None else float(softmax_scale),
-        window_left=int(window_left),
-        window_right=int(window_right),
+        window_left=int32(window_left, "window", window),
+        window_right=int32(window_right, "window", window),
         softcap=float(softcap),
         backend=backend,
-        num_splits=int(num_splits),
+        num_splits=int32(num_splits, "num_splits"),
         deterministic=bool(deterministic),
     )
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def int32(value: Any, name: str, shown: Any = None) -> int:
+    """`value` as an int the native module takes (C int), or an error naming the argument:
+    TypeError for a non-integer (1.5 is not truncated), flashcpp.Error outside int32."""
+    shown = value if shown is None else shown
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {shown!r}") from None
+    if not _INT32_MIN <= number <= _INT32_MAX:
+        raise Error(f"{name}: {shown!r} is outside the int32 range of the C++ API")
+    return number
 
 
 def select_backend(q: Any, options: dict) -> str:
@@ -104,8 +121,8 @@ def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, 
 
 def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> RunInfo:
     cu_q, cu_k, max_q, max_k = varlen
-    shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(max_q),
-                 max_seqlen_k=int(max_k))
+    shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int32(max_q, "max_seqlen_q"),
+                 max_seqlen_k=int32(max_k, "max_seqlen_k"))
     workspace = None
     if allocate is not None:
         query = _C.forward_workspace_size if is_forward else _C.backward_workspace_size

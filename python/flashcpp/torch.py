@@ -44,8 +44,10 @@ def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor
         _check_rank(q, "q", 3, "[total_q, Hq, D]")
         _check_rank(v, "v", 3, "[total_k, Hkv, Dv]")
         total, heads = q.shape[0], q.shape[1]
-        out = q.new_empty((total, heads, v.shape[-1]))
-        lse = q.new_empty((heads, total), dtype=torch.float32)
+        # Rows past cu_seqlens_q[B] belong to no sequence and are not written on CUDA: they
+        # start as out 0 and lse -inf (docs/semantics.md).
+        out = q.new_zeros((total, heads, v.shape[-1]))
+        lse = q.new_full((heads, total), float("-inf"), dtype=torch.float32)
     else:
         _check_rank(q, "q", 4, "[B, Nq, Hq, D]")
         _check_rank(v, "v", 4, "[B, Nk, Hkv, Dv]")
@@ -119,14 +121,17 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 
 # ---- backward ops -------------------------------------------------------------------------
-def _grad_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    # empty_like keeps the (dense) layout of each input, so gradients match their tensors.
-    return tuple(torch.empty_like(_last_dim_contiguous(t)) for t in (q, k, v))
+def _grad_outputs(q: Tensor, k: Tensor, v: Tensor,
+                  varlen: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    # *_like keeps the (dense) layout of each input, so gradients match their tensors. Varlen
+    # rows past cu_seqlens[B] are not written on CUDA: they start at zero.
+    like = torch.zeros_like if varlen else torch.empty_like
+    return tuple(like(_last_dim_contiguous(t)) for t in (q, k, v))
 
 
 def _run_backward(dout, q, k, v, out, lse, varlen, options) -> Tuple[Tensor, Tensor, Tensor]:
     dout, q, k, v, out = (_export(_last_dim_contiguous(t)) for t in (dout, q, k, v, out))
-    dq, dk, dv = _grad_outputs(q, k, v)
+    dq, dk, dv = _grad_outputs(q, k, v, varlen[0] is not None)
     _launch(_native.backward, q, dout, q, k, v, out, _export(lse), dq, dk, dv, varlen, options)
     return dq, dk, dv
 
@@ -144,7 +149,7 @@ def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
 @_attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left,
                         window_right, softcap, backend, deterministic):
-    return _grad_outputs(q, k, v)
+    return _grad_outputs(q, k, v, varlen=False)
 
 
 @torch.library.custom_op("flashcpp::attention_varlen_bwd", mutates_args=())
@@ -164,7 +169,7 @@ def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
                                window_right, softcap, backend, deterministic):
-    return _grad_outputs(q, k, v)
+    return _grad_outputs(q, k, v, varlen=False)
 
 
 # ---- autograd -----------------------------------------------------------------------------

@@ -119,8 +119,13 @@ TensorView view_of_ndarray(const Array& a, const char* name, Role role) {
 }
 
 // __cuda_array_interface__ (version 2 or 3) for producers without DLPack, e.g. Numba.
+// typestr is byte order ('<' little, '>' big, '|' not applicable), kind and size: CUDA devices
+// are little-endian, so a big-endian array would be read as other numbers.
 DType dtype_of_typestr(const std::string& typestr, const char* name, Role role) {
-  const std::string kind = typestr.size() > 1 ? typestr.substr(1) : typestr;
+  if (typestr.size() < 2 || (typestr[0] != '<' && typestr[0] != '|' && typestr[0] != '='))
+    type_error(std::string(name) + ": __cuda_array_interface__ typestr '" + typestr +
+               "' is not supported (supported: <f4, <f2, <i4: little-endian)");
+  const std::string kind = typestr.substr(1);
   if (kind == "f4") return DType::fp32;
   if (kind == "f2") return DType::fp16;
   if (kind == "i4") return DType::int32;
@@ -129,28 +134,53 @@ DType dtype_of_typestr(const std::string& typestr, const char* name, Role role) 
              "' is not supported (supported: <f4, <f2, <i4; pass bfloat16 through DLPack)");
 }
 
+// Entry `key` of an interface dict as T, or a TypeError naming the argument and the entry.
+template <typename T>
+T interface_entry(nb::dict cai, const char* key, const char* name, const char* expected) {
+  T value;
+  if (!cai.contains(key) || !nb::try_cast(cai[key], value))
+    type_error(std::string(name) + ": __cuda_array_interface__ needs '" + key + "' as " +
+               expected);
+  return value;
+}
+
 TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool writable,
                                         Role role) {
-  nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
-  nb::tuple shape = nb::cast<nb::tuple>(cai["shape"]);
+  nb::dict cai;
+  if (!nb::try_cast(obj.attr("__cuda_array_interface__"), cai))
+    type_error(std::string(name) + ": __cuda_array_interface__ must be a dict");
+  const auto shape = interface_entry<nb::tuple>(cai, "shape", name, "a tuple of ints");
   check_rank(shape.size(), name);
-  nb::tuple data = nb::cast<nb::tuple>(cai["data"]);
-  if (writable && nb::cast<bool>(data[1]))
-    throw flashcpp::Error(std::string(name) + ": array is read-only");
+  const auto data = interface_entry<nb::tuple>(cai, "data", name, "a tuple (pointer, read_only)");
+  std::uintptr_t pointer = 0;
+  bool read_only = false;
+  if (data.size() != 2 || !nb::try_cast(data[0], pointer) || !nb::try_cast(data[1], read_only))
+    type_error(std::string(name) + ": __cuda_array_interface__ needs 'data' as a tuple "
+               "(pointer, read_only)");
+  if (writable && read_only) throw flashcpp::Error(std::string(name) + ": array is read-only");
   TensorView view;
-  view.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(data[0]));
-  view.dtype = dtype_of_typestr(nb::cast<std::string>(cai["typestr"]), name, role);
+  view.data = reinterpret_cast<void*>(pointer);
+  view.dtype =
+      dtype_of_typestr(interface_entry<std::string>(cai, "typestr", name, "a str"), name, role);
   view.rank = static_cast<int>(shape.size());
   const auto item = static_cast<std::int64_t>(flashcpp::dtype_size(view.dtype));
   nb::object strides = cai.contains("strides") ? nb::borrow(cai["strides"]) : nb::none();
   std::int64_t running = 1;
+  nb::tuple stride_tuple;
+  if (!strides.is_none() &&
+      (!nb::try_cast(strides, stride_tuple) || stride_tuple.size() != shape.size()))
+    type_error(std::string(name) + ": __cuda_array_interface__ 'strides' must be None or a "
+               "tuple of ints, one per dimension");
   for (int d = view.rank - 1; d >= 0; --d) {
-    view.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    if (!nb::try_cast(shape[d], view.shape[d]))
+      type_error(std::string(name) + ": __cuda_array_interface__ 'shape' must hold ints");
     if (strides.is_none()) {
       view.stride[d] = running;
       running *= view.shape[d];
     } else {
-      const auto bytes = nb::cast<std::int64_t>(nb::cast<nb::tuple>(strides)[d]);
+      std::int64_t bytes = 0;
+      if (!nb::try_cast(stride_tuple[d], bytes))
+        type_error(std::string(name) + ": __cuda_array_interface__ 'strides' must hold ints");
       if (bytes % item != 0)
         throw flashcpp::Error(std::string(name) + ": stride of dimension " + std::to_string(d) +
                               " (" + std::to_string(bytes) +
@@ -168,6 +198,25 @@ TensorView view_of_cuda_array_interface(nb::handle obj, const char* name, bool w
 #endif
   view.device = flashcpp::Device::cuda(device);
   return view;
+}
+
+// nanobind refuses an array (NumPy's buffer protocol) whose byte strides are not whole
+// elements; say that, instead of "expected an array".
+void check_whole_element_strides(nb::handle obj, const char* name) {
+  nb::tuple strides;
+  std::int64_t item = 0;
+  if (!nb::hasattr(obj, "strides") || !nb::hasattr(obj, "itemsize") ||
+      !nb::try_cast(obj.attr("strides"), strides) || !nb::try_cast(obj.attr("itemsize"), item) ||
+      item <= 0)
+    return;
+  for (std::size_t d = 0; d < strides.size(); ++d) {
+    std::int64_t bytes = 0;
+    if (nb::try_cast(strides[d], bytes) && bytes % item != 0)
+      throw flashcpp::Error(std::string(name) + ": stride of dimension " + std::to_string(d) +
+                            " (" + std::to_string(bytes) +
+                            " bytes) is not a multiple of the element size (" +
+                            std::to_string(item) + " bytes)");
+  }
 }
 
 TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& keep,
@@ -188,6 +237,7 @@ TensorView view_of(nb::handle obj, const char* name, bool writable, Imports& kee
   }
   if (nb::hasattr(obj, "__cuda_array_interface__"))
     return view_of_cuda_array_interface(obj, name, writable, role);
+  check_whole_element_strides(obj, name);
   type_error(std::string(name) +
              ": expected an array or tensor (DLPack, buffer protocol or "
              "__cuda_array_interface__), got " +

@@ -30,9 +30,10 @@ ForwardParams workspace_problem(const detail::ForwardTensors& known, const Atten
                                 Backend family) {
   TensorView out = known.q;
   if (out.rank > 0 && known.v.rank > 0) out.shape[out.rank - 1] = known.v.shape[known.v.rank - 1];
+  detail::HostCopies unused;  // CUDA offsets are never read on the host
   return detail::validate_forward({known.q, known.k, known.v, out, nullptr, known.cu_seqlens_q,
                                    known.cu_seqlens_k, known.max_seqlen_q, known.max_seqlen_k},
-                                  options, family);
+                                  options, family, unused, detail::Outputs::stand_in);
 }
 #endif
 
@@ -54,13 +55,17 @@ std::size_t workspace_size(const detail::ForwardTensors& known, const AttentionO
 RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOptions& options,
                     Stream stream, Workspace workspace) {
   const Backend family = detail::check_backend(tensors.q, options);
-  const ForwardParams params = detail::validate_forward(tensors, options, family);
-  if (family == Backend::cpu_reference) {
-    if (!nothing_to_do(params)) detail::cpu::reference_forward(params);
-    return {Backend::cpu_reference, "cpu_reference_f64", 1};
-  }
-  if (family == Backend::cpu) {
-    if (!nothing_to_do(params)) detail::cpu::tiled_forward(params);
+  detail::HostCopies copies;
+  const ForwardParams params = detail::validate_forward(tensors, options, family, copies);
+  if (family == Backend::cpu_reference || family == Backend::cpu) {
+    const bool reference = family == Backend::cpu_reference;
+    if (!nothing_to_do(params)) {
+      const bool non_finite = detail::cpu::check_scores(params);
+      reference ? detail::cpu::reference_forward(params)
+                : detail::cpu::tiled_forward(params, non_finite);
+    }
+    if (params.is_varlen()) detail::cpu::clear_varlen_tails(params, tensors.q.shape[0]);
+    if (reference) return {Backend::cpu_reference, "cpu_reference_f64", 1};
     return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA
@@ -77,13 +82,18 @@ RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOption
 RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOptions& options,
                      Stream stream, Workspace workspace) {
   const Backend family = detail::check_backend(tensors.forward.q, options);
-  const BackwardParams params = detail::validate_backward(tensors, options, family);
-  if (family == Backend::cpu_reference) {
-    if (!nothing_to_do_backward(params)) detail::cpu::reference_backward(params);
-    return {Backend::cpu_reference, "cpu_reference_f64", 1};
-  }
-  if (family == Backend::cpu) {
-    if (!nothing_to_do_backward(params)) detail::cpu::tiled_backward(params);
+  detail::HostCopies copies;
+  const BackwardParams params = detail::validate_backward(tensors, options, family, copies);
+  if (family == Backend::cpu_reference || family == Backend::cpu) {
+    const bool reference = family == Backend::cpu_reference;
+    if (!nothing_to_do_backward(params)) {
+      detail::cpu::check_scores(params);
+      reference ? detail::cpu::reference_backward(params) : detail::cpu::tiled_backward(params);
+    }
+    if (params.is_varlen())
+      detail::cpu::clear_varlen_tails(params, tensors.forward.q.shape[0],
+                                      tensors.forward.k.shape[0]);
+    if (reference) return {Backend::cpu_reference, "cpu_reference_f64", 1};
     return {Backend::cpu, detail::cpu::tiled_kernel_name(), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA
@@ -107,6 +117,7 @@ bool cuda_available() {
 }
 
 Backend select_backend(const TensorView& q, const AttentionOptions& options) {
+  detail::validate_select(q, options);
   const Backend family = detail::check_backend(q, options);
   if (family == Backend::cpu || family == Backend::cpu_reference) return family;
 #ifdef FLASHCPP_WITH_CUDA

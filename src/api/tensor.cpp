@@ -1,5 +1,8 @@
 // TensorView helpers and names of the public enums.
 #include <sstream>
+#include <string>
+
+#include "flashcpp/error.hpp"
 
 #include "flashcpp/options.hpp"
 #include "flashcpp/tensor.hpp"
@@ -44,27 +47,39 @@ const char* backend_name(Backend backend) {
   return "unknown";
 }
 
-TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-                               std::initializer_list<std::int64_t> stride, Device device) {
+namespace {
+
+TensorView with_shape(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                      Device device) {
+  if (shape.size() > static_cast<std::size_t>(TensorView::kMaxRank))
+    throw Error("TensorView: at most " + std::to_string(TensorView::kMaxRank) +
+                " dimensions, got " + std::to_string(shape.size()));
   TensorView view;
   view.data = data;
   view.dtype = dtype;
   view.device = device;
-  view.rank = static_cast<int>(shape.size() < kMaxRank ? shape.size() : kMaxRank);
+  view.rank = static_cast<int>(shape.size());
   int i = 0;
-  for (auto extent : shape) {
-    if (i < kMaxRank) view.shape[i++] = extent;
-  }
-  i = 0;
-  for (auto s : stride) {
-    if (i < kMaxRank) view.stride[i++] = s;
-  }
+  for (auto extent : shape) view.shape[i++] = extent;
+  return view;
+}
+
+}  // namespace
+
+TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                               std::initializer_list<std::int64_t> stride, Device device) {
+  TensorView view = with_shape(data, dtype, shape, device);
+  if (stride.size() != shape.size())
+    throw Error("TensorView::strided: " + std::to_string(stride.size()) + " strides for " +
+                std::to_string(shape.size()) + " dimensions");
+  int i = 0;
+  for (auto s : stride) view.stride[i++] = s;
   return view;
 }
 
 TensorView TensorView::contiguous(void* data, DType dtype,
                                   std::initializer_list<std::int64_t> shape, Device device) {
-  TensorView view = strided(data, dtype, shape, {}, device);
+  TensorView view = with_shape(data, dtype, shape, device);
   std::int64_t running = 1;
   for (int d = view.rank - 1; d >= 0; --d) {
     view.stride[d] = running;

@@ -2,6 +2,7 @@
 // what was expected, e.g. "k: expected dtype bf16 (same as q), got fp16".
 #include "api/validate.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/overlap.hpp"
 #include "flashcpp/error.hpp"
 
 namespace flashcpp::detail {
@@ -36,6 +38,8 @@ ElementType element_type(DType dtype) {
 }
 
 void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (dtype_size(t.dtype) == 0)
+    fail(name, ": dtype ", static_cast<int>(t.dtype), " is not a flashcpp::DType");
   if (t.rank != rank) fail(name, ": expected ", rank, " dimensions ", layout, ", got ", t.rank);
   for (int d = 0; d < rank; ++d) {
     if (t.shape[d] < 0) fail(name, ": dimension ", d, " has negative size ", t.shape[d]);
@@ -59,6 +63,11 @@ void check_dim(const TensorView& t, const char* name, int dim, std::int64_t expe
   if (t.shape[dim] != expected)
     fail(name, ": expected ", what, " ", expected, " (same as ", same_as, ") in dimension ", dim,
          ", got ", t.shape[dim], " (shape ", t.shape_string(), ")");
+}
+
+// Counts the kernels index with int: larger ones would be truncated.
+void check_int32(std::int64_t value, const char* name, const char* what) {
+  if (value > INT32_MAX) fail(name, ": ", value, " ", what, " exceed 2^31 - 1");
 }
 
 void check_head_dim(std::int64_t dim, const char* name) {
@@ -112,14 +121,23 @@ void check_options(const AttentionOptions& o) {
   if (o.num_splits < 0) fail("num_splits: must be >= 0 (0 chooses automatically), got ", o.num_splits);
 }
 
+int longest(const std::vector<std::int32_t>& offsets) {
+  std::int32_t longest = 0;
+  for (std::size_t b = 0; b + 1 < offsets.size(); ++b)
+    longest = std::max(longest, offsets[b + 1] - offsets[b]);
+  return longest;
+}
+
 Strides strides_of(const TensorView& t, bool varlen) {
   if (varlen) return {0, t.stride[0], t.stride[1]};
   return {t.stride[0], t.stride[1], t.stride[2]};
 }
 
-// Varlen offsets: int32 [B + 1] on q's device; on the CPU the values are checked too.
+// Varlen offsets: int32 [B + 1] on q's device. Host offsets are copied into `copy` first and
+// the copy is checked and used: another thread may change the caller's memory meanwhile.
 int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q,
-                     std::int64_t total_rows, int max_seqlen, const char* max_name) {
+                     std::int64_t total_rows, int max_seqlen, const char* max_name,
+                     std::vector<std::int32_t>& copy) {
   if (cu.dtype != DType::int32)
     fail(name, ": expected dtype int32, got ", dtype_name(cu.dtype));
   if (cu.rank != 1) fail(name, ": expected 1 dimension [B + 1], got ", cu.rank);
@@ -127,9 +145,14 @@ int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q
   check_same_device(cu, name, q);
   if (cu.shape[0] > 1 && cu.stride[0] != 1) fail(name, ": must be contiguous, got stride ", cu.stride[0]);
   if (cu.data == nullptr) fail(name, ": data pointer is null");
+  if (reinterpret_cast<std::uintptr_t>(cu.data) % alignof(std::int32_t) != 0)
+    fail(name, ": data pointer is not ", alignof(std::int32_t), "-byte aligned");
+  check_int32(cu.shape[0] - 1, name, "sequences");
   if (max_seqlen < 0) fail(max_name, ": must be >= 0, got ", max_seqlen);
   if (cu.device.type == DeviceType::cpu) {
-    const auto* offsets = static_cast<const std::int32_t*>(cu.data);
+    const auto* source = static_cast<const std::int32_t*>(cu.data);
+    copy.assign(source, source + cu.shape[0]);
+    const std::int32_t* offsets = copy.data();
     if (offsets[0] != 0) fail(name, "[0]: expected 0, got ", offsets[0]);
     for (std::int64_t b = 0; b + 1 < cu.shape[0]; ++b) {
       const std::int64_t length = std::int64_t{offsets[b + 1]} - offsets[b];
@@ -153,6 +176,14 @@ void apply_options(ForwardParams& p, const AttentionOptions& options, const Tens
   p.scale = options.softmax_scale ? *options.softmax_scale
                                   : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = options.softcap;
+  // The kernels fold log2(e) and the softcap into the scale: each product must stay finite.
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (!std::isfinite(p.scale * kLog2e))
+    fail("softmax_scale: ", p.scale, " times log2(e) overflows float32");
+  if (p.softcap > 0 && !std::isfinite(p.scale / p.softcap))
+    fail("softcap: softmax_scale / softcap (", p.scale, " / ", p.softcap, ") must be finite");
+  if (!std::isfinite(p.softcap * kLog2e))
+    fail("softcap: ", p.softcap, " times log2(e) overflows float32");
   p.window_left = options.window_left;
   p.window_right = options.causal ? 0 : options.window_right;  // causal caps the right bound
   p.causal = p.window_left < 0 && p.window_right == 0;
@@ -179,8 +210,14 @@ Backend check_backend(const TensorView& q, const AttentionOptions& options) {
 #endif
 }
 
+void validate_select(const TensorView& q, const AttentionOptions& options) {
+  if (q.rank != 3) check_rank(q, "q", 4, "[B, Nq, Hq, D] (3 for varlen: [total_q, Hq, D])");
+  check_rank(q, "q", q.rank, "");
+  check_options(options);
+}
+
 ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& options,
-                               Backend backend) {
+                               Backend backend, HostCopies& copies, Outputs outputs) {
   const bool varlen = t.cu_seqlens_q != nullptr || t.cu_seqlens_k != nullptr;
   if (varlen && (t.cu_seqlens_q == nullptr || t.cu_seqlens_k == nullptr))
     fail("cu_seqlens_q and cu_seqlens_k must be given together");
@@ -226,6 +263,13 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
   if (heads_q % heads_kv != 0)
     fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
+  check_int32(heads_kv, "k", "kv heads");
+  check_int32(heads_q, "q", "query heads");
+  if (!varlen) {
+    if (batch > INT32_MAX) fail("q: batch size ", batch, " exceeds 2^31 - 1");
+    check_int32(t.q.shape[1], "q", "queries");
+    check_int32(t.k.shape[1], "k", "keys");
+  }
 
   if (t.lse != nullptr) {
     const TensorView& lse = *t.lse;
@@ -258,9 +302,9 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   p.out_stride = strides_of(t.out, varlen);
   if (varlen) {
     const int batch_q = check_cu_seqlens(*t.cu_seqlens_q, "cu_seqlens_q", t.q, t.q.shape[0],
-                                         t.max_seqlen_q, "max_seqlen_q");
+                                         t.max_seqlen_q, "max_seqlen_q", copies.cu_seqlens_q);
     const int batch_k = check_cu_seqlens(*t.cu_seqlens_k, "cu_seqlens_k", t.q, t.k.shape[0],
-                                         t.max_seqlen_k, "max_seqlen_k");
+                                         t.max_seqlen_k, "max_seqlen_k", copies.cu_seqlens_k);
     if (batch_q != batch_k)
       fail("cu_seqlens_k: expected ", batch_q + 1, " elements (same as cu_seqlens_q), got ",
            batch_k + 1);
@@ -269,13 +313,20 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
     p.seqlen_k = t.max_seqlen_k;
     p.cu_seqlens_q = static_cast<const std::int32_t*>(t.cu_seqlens_q->data);
     p.cu_seqlens_k = static_cast<const std::int32_t*>(t.cu_seqlens_k->data);
+    p.total_rows_q = t.q.shape[0];
+    p.total_rows_k = t.k.shape[0];
+    if (t.cu_seqlens_q->device.type == DeviceType::cpu) {
+      // The host backends use the checked copies, and their work follows the real lengths.
+      p.cu_seqlens_q = copies.cu_seqlens_q.data();
+      p.cu_seqlens_k = copies.cu_seqlens_k.data();
+      p.seqlen_q = longest(copies.cu_seqlens_q);
+      p.seqlen_k = longest(copies.cu_seqlens_k);
+    }
     if (t.lse) {
       p.lse_batch_stride = 0;
       p.lse_head_stride = t.lse->stride[0];
     }
   } else {
-    if (t.q.shape[1] > INT32_MAX || t.k.shape[1] > INT32_MAX)
-      fail("q: sequence lengths above 2^31 - 1 are not supported");
     p.batch = static_cast<int>(batch);
     p.seqlen_q = static_cast<int>(t.q.shape[1]);
     p.seqlen_k = static_cast<int>(t.k.shape[1]);
@@ -285,14 +336,19 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
     }
   }
   apply_options(p, options, t.q);
+  if (outputs == Outputs::given)
+    check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
+                     {{&t.q, "q"}, {&t.k, "k"}, {&t.v, "v"}, {t.cu_seqlens_q, "cu_seqlens_q"},
+                      {t.cu_seqlens_k, "cu_seqlens_k"}});
   return p;
 }
 
 BackwardParams validate_backward(const BackwardTensors& t, const AttentionOptions& options,
-                                 Backend backend) {
+                                 Backend backend, HostCopies& copies) {
   if (t.forward.lse == nullptr) fail("lse: required by the backward pass");
   BackwardParams p;
-  static_cast<ForwardParams&>(p) = validate_forward(t.forward, options, backend);
+  static_cast<ForwardParams&>(p) =
+      validate_forward(t.forward, options, backend, copies, Outputs::stand_in);
   const bool varlen = p.is_varlen();
   const int rank = varlen ? 3 : 4;
   const struct {
@@ -324,6 +380,11 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
   p.dk_stride = strides_of(t.dk, varlen);
   p.dv_stride = strides_of(t.dv, varlen);
   p.deterministic = options.deterministic;
+  const ForwardTensors& f = t.forward;
+  check_no_overlap({{&t.dq, "dq"}, {&t.dk, "dk"}, {&t.dv, "dv"}},
+                   {{&f.q, "q"}, {&f.k, "k"}, {&f.v, "v"}, {&f.out, "out"}, {&t.dout, "dout"},
+                    {f.lse, "lse"}, {f.cu_seqlens_q, "cu_seqlens_q"},
+                    {f.cu_seqlens_k, "cu_seqlens_k"}});
   return p;
 }
 
@@ -364,6 +425,9 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   if (heads_q <= 0) fail("q: number of query heads must be positive, got ", heads_q);
   if (heads_q % heads_kv != 0)
     fail("num_heads_q (", heads_q, ") must be a multiple of num_heads_kv (", heads_kv, ")");
+  check_int32(heads_kv, "k_cache", "kv heads");
+  check_int32(heads_q, "q", "query heads");
+  if (batch > INT32_MAX) fail("q: batch size ", batch, " exceeds 2^31 - 1");
 
   // The cache's capacity per sequence: Nmax, or max_pages_per_seq * page_size.
   std::int64_t capacity = t.k_cache.shape[1];
@@ -377,6 +441,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     if (bt.shape[1] > 1 && bt.stride[1] != 1)
       fail("block_table: the page dimension must be contiguous, got stride ", bt.stride[1]);
     if (!bt.empty() && bt.data == nullptr) fail("block_table: data pointer is null");
+    if (reinterpret_cast<std::uintptr_t>(bt.data) % alignof(std::int32_t) != 0)
+      fail("block_table: data pointer is not ", alignof(std::int32_t), "-byte aligned");
     if (t.k_cache.shape[1] <= 0) fail("k_cache: page size must be positive, got ", t.k_cache.shape[1]);
     max_pages = bt.shape[1];
     capacity = max_pages * t.k_cache.shape[1];
@@ -392,6 +458,8 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   if (lens.shape[0] > 1 && lens.stride[0] != 1)
     fail("cache_seqlens: must be contiguous, got stride ", lens.stride[0]);
   if (!lens.empty() && lens.data == nullptr) fail("cache_seqlens: data pointer is null");
+  if (reinterpret_cast<std::uintptr_t>(lens.data) % alignof(std::int32_t) != 0)
+    fail("cache_seqlens: data pointer is not ", alignof(std::int32_t), "-byte aligned");
 
   if (t.k_new != nullptr) {
     const struct {
@@ -428,6 +496,16 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   for (const auto& [view, name] : {std::pair{&t.q, "q"}, {&t.k_cache, "k_cache"},
                                    {&t.v_cache, "v_cache"}, {&t.out, "out"}})
     check_memory(*view, name, cuda);
+  // Appending writes the caches: then they are outputs too.
+  if (t.k_new != nullptr)
+    check_no_overlap({{&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"}, {&t.out, "out"},
+                      {t.lse, "lse"}},
+                     {{&t.q, "q"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
+  else
+    check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
+                     {{&t.q, "q"}, {&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"},
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
 
   // Host-side lengths and pages (CPU tensors): every key a sequence will read lies in the cache.
   const std::int64_t appended = t.k_new != nullptr ? nnew : 0;

@@ -41,6 +41,10 @@ struct ForwardParams {
   // Varlen when non-null: sequence b owns rows [cu[b], cu[b+1]) (device memory for CUDA).
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
+  // Varlen: rows of the packed q (out, dout, dq) and k (v, dk, dv) tensors. CUDA kernels clamp
+  // what device-side offsets say to these and to seqlen_q/k (cuda/common/seqlen_info.hpp).
+  std::int64_t total_rows_q = 0;
+  std::int64_t total_rows_k = 0;
 
   float scale = 1.0f;    // softmax scale
   float softcap = 0.0f;  // 0: off

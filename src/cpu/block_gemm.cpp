@@ -61,11 +61,22 @@ void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float*
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-// Process-wide and set once: OpenBLAS keeps one thread count, and restoring it after each call
-// would race between concurrent callers.
-void use_single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+namespace {
+std::mutex blas_threads_mutex;
+int blas_holders = 0;       // SingleThreadedBlas objects alive, over all threads
+int blas_saved_threads = 1; // the count before the first of them
+}  // namespace
+
+SingleThreadedBlas::SingleThreadedBlas() {
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (blas_holders++ > 0) return;
+  blas_saved_threads = openblas_get_num_threads();
+  if (blas_saved_threads != 1) openblas_set_num_threads(1);
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (--blas_holders == 0 && blas_saved_threads != 1) openblas_set_num_threads(blas_saved_threads);
 }
 
 const char* block_gemm_name() { return "openblas"; }
@@ -78,7 +89,8 @@ void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float*
   gemm_loops(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void use_single_threaded_blas() {}
+SingleThreadedBlas::SingleThreadedBlas() = default;
+SingleThreadedBlas::~SingleThreadedBlas() = default;
 
 const char* block_gemm_name() { return "loops"; }
 

@@ -12,9 +12,17 @@ void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float*
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                 std::int64_t ldc);
 
-// Call once before block_gemm is used inside an OpenMP region: the threads come from OpenMP,
-// so the BLAS must not start its own.
-void use_single_threaded_blas();
+// Holds the BLAS single-threaded while block_gemm runs inside an OpenMP region (the threads
+// come from OpenMP, so the BLAS must not start its own). OpenBLAS keeps one process-wide
+// thread count: the first of overlapping holders saves it and sets 1, the last puts it back,
+// so a host program's own BLAS calls keep their threads outside flashcpp calls.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas();
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+};
 
 // "openblas" or "loops".
 const char* block_gemm_name();

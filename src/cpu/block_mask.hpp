@@ -38,14 +38,13 @@ class BlockMask {
     return keys(r1 - 1).begin <= c0 && keys(r0).end >= c1;
   }
 
-  // s[i * lds + j] = -inf where key c0 + j is not visible to row r0 + i.
-  void apply(float* s, std::int64_t lds, std::int64_t r0, int rows, std::int64_t c0,
-             int cols) const {
-    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  // s[i * lds + j] = `hidden` (-inf for scores) where key c0 + j is not visible to row r0 + i.
+  void apply(float* s, std::int64_t lds, std::int64_t r0, int rows, std::int64_t c0, int cols,
+             float hidden = -std::numeric_limits<float>::infinity()) const {
     for (int i = 0; i < rows; ++i) {
       const KeyRange visible = keys(r0 + i);
       for (int j = 0; j < cols; ++j) {
-        if (c0 + j < visible.begin || c0 + j >= visible.end) s[i * lds + j] = kMinusInf;
+        if (c0 + j < visible.begin || c0 + j >= visible.end) s[i * lds + j] = hidden;
       }
     }
   }

@@ -92,10 +92,11 @@ void kvcache_forward(const KVCacheParams& p, bool reference) {
       f.k = advance(p.k, b * p.k_stride.batch, bytes);
       f.v = advance(p.v, b * p.v_stride.batch, bytes);
     }
+    // NaN tracking on: the cache is not scanned for NaN or Inf (nor for scores that overflow).
     if (reference)
       reference_forward(f);
     else
-      tiled_forward(f);
+      tiled_forward(f, true);
   }
 }
 

@@ -80,16 +80,26 @@ void forward_head(const ForwardParams& p, const Sequence& seq, int head) {
   const auto s = scores(p, seq, q, k, nullptr);
 
   std::vector<double> out(static_cast<std::size_t>(nq * dv), 0.0);
+  const WindowMask mask(int(nq), int(nk), p.window_left, p.window_right);
   for (std::int64_t i = 0; i < nq; ++i) {
+    // Only the visible keys: a hidden key contributes nothing, even NaN or Inf in its v.
+    const KeyRange keys = mask.keys(i);
     const double* row = s.data() + i * nk;  // nk may be 0
     double max = -kInf;
-    for (std::int64_t j = 0; j < nk; ++j) max = std::max(max, row[j]);
+    bool nan = false;
+    for (std::int64_t j = keys.begin; j < keys.end; ++j) {
+      max = std::max(max, row[j]);
+      nan = nan || std::isnan(row[j]);
+    }
     double lse = -kInf;
-    if (max > -kInf) {
+    if (nan) {  // a NaN score makes the row NaN (std::max would skip it)
+      lse = std::numeric_limits<double>::quiet_NaN();
+      for (int d = 0; d < dv; ++d) out[i * dv + d] = lse;
+    } else if (max > -kInf) {
       double sum = 0;
-      for (std::int64_t j = 0; j < nk; ++j) sum += std::exp(row[j] - max);
+      for (std::int64_t j = keys.begin; j < keys.end; ++j) sum += std::exp(row[j] - max);
       lse = max + std::log(sum);
-      for (std::int64_t j = 0; j < nk; ++j) {
+      for (std::int64_t j = keys.begin; j < keys.end; ++j) {
         const double prob = std::exp(row[j] - lse);
         for (int d = 0; d < dv; ++d) out[i * dv + d] += prob * v[j * dv + d];
       }

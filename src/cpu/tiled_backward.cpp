@@ -10,6 +10,7 @@
 // (7 block products per score block instead of 5); the alternatives were dQ atomics
 // (nondeterministic) or per-task dQ/dK partial buffers of O(B * Hq * N * D) floats.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "cpu/fp32_input.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/visible_product.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
@@ -110,6 +112,11 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
       std::fill(ds, ds + cols, 0.0f);
       continue;
     }
+    if (std::isnan(lse_log2[i])) {  // the forward row saw a NaN score: its gradients are NaN
+      std::fill(prob, prob + cols, std::numeric_limits<float>::quiet_NaN());
+      std::fill(ds, ds + cols, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
     const float lse = lse_log2[i], d_i = delta[i];
 #pragma omp simd
     for (int j = 0; j < cols; ++j) {
@@ -120,6 +127,12 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
       const float* t = w.tanh_values.data() + static_cast<std::int64_t>(i) * cols;
       for (int j = 0; j < cols; ++j) ds[j] *= 1.0f - t[j] * t[j];
     }
+  }
+  // Hidden keys get exactly P = dS = 0: dP = dO.V[j] is NaN when V[j] is, and a NaN lse (a
+  // row that sees a NaN score) makes 2^(-inf - lse) NaN.
+  if (!mask.is_full(r0, r0 + rows, c0, c0 + cols)) {
+    mask.apply(w.p.data(), cols, r0, rows, c0, cols, 0.0f);
+    mask.apply(w.ds.data(), cols, r0, rows, c0, cols, 0.0f);
   }
 }
 
@@ -176,14 +189,14 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
   const int d = p.head_dim, kv_head = head / (p.heads_q / p.heads_kv);
   const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
   std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
-  const KeyRange span =
-      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).keys_of_rows(r0, r0 + rows);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
 
   for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
     const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
     recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-    block_gemm(Op::none, Op::none, rows, d, cols, p.scale, w.ds.data(), cols,  // dQ += dS K
-               pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), 1.0f, w.acc.data(), d);
+    visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,  // dQ += dS K
+                    pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), w.acc.data(), d);
   }
   for (int i = 0; i < rows; ++i)
     store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
@@ -193,7 +206,7 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
 }  // namespace
 
 void tiled_backward(const BackwardParams& p) {
-  use_single_threaded_blas();
+  const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v),
                   q_input(p, p.out, p.out_stride, p.head_dim_v),
@@ -204,8 +217,8 @@ void tiled_backward(const BackwardParams& p) {
     for (int h = 0; h < p.heads_q; ++h) row_stats(p, in, sequence_of(p, b), h, stats);
 
   const Problem problem{p, in, stats, score_transform(p)};
-  const std::int64_t key_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  const std::int64_t query_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
+  const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
   const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
 #pragma omp parallel

@@ -16,6 +16,7 @@
 #include "cpu/fp32_input.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/visible_product.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
@@ -42,13 +43,27 @@ struct Scratch {
 
 // One online-softmax step: folds a score block into the running max and sum, turns the scores
 // into probabilities relative to the new max and rescales the output rows accumulated so far.
+// kTrackNaN: a NaN score makes the row NaN (docs/semantics.md), but the max and fast_exp2 drop
+// it, so it is counted and l set to NaN, which out and lse then inherit. Only calls whose q or
+// k hold NaN or Inf can have NaN scores; the others skip the count.
+template <bool kTrackNaN>
 void online_softmax(float* s, int rows, int cols, float* m, float* l, float* o, int dv) {
   for (int i = 0; i < rows; ++i) {
     float* row = s + static_cast<std::int64_t>(i) * cols;
     float max = m[i];
+    int nan = 0;
+    if constexpr (kTrackNaN) {
+#pragma omp simd reduction(max : max) reduction(| : nan)
+      for (int j = 0; j < cols; ++j) {
+        max = row[j] > max ? row[j] : max;
+        nan |= row[j] != row[j];
+      }
+    } else {
 #pragma omp simd reduction(max : max)
-    for (int j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+      for (int j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+    }
     if (max == kMinusInf) {  // nothing visible to this row yet: 2^(-inf - -inf) would be NaN
+      if (nan) l[i] = std::numeric_limits<float>::quiet_NaN();
       std::fill(row, row + cols, 0.0f);
       continue;
     }
@@ -59,7 +74,7 @@ void online_softmax(float* s, int rows, int cols, float* m, float* l, float* o, 
       sum += row[j];
     }
     const float correction = fast_exp2(m[i] - max);  // 0 on the first visible block
-    l[i] = l[i] * correction + sum;
+    l[i] = nan ? std::numeric_limits<float>::quiet_NaN() : l[i] * correction + sum;
     m[i] = max;
     if (correction != 1.0f) {
       float* o_row = o + static_cast<std::int64_t>(i) * dv;
@@ -68,6 +83,7 @@ void online_softmax(float* s, int rows, int cols, float* m, float* l, float* o, 
   }
 }
 
+template <bool kTrackNaN>
 void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq, int head,
                    std::int64_t r0, Scratch& w) {
   const int kv_head = head / (p.heads_q / p.heads_kv);
@@ -86,14 +102,14 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
     const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
     block_scores(in.q.q_row(seq, r0, head), in.q.ld(), in.k.k_row(seq, c0, kv_head), in.k.ld(),
                  p.head_dim, transform, mask, r0, rows, c0, cols, w.s.data(), nullptr);
-    online_softmax(w.s.data(), rows, cols, w.m.data(), w.l.data(), w.o.data(), dv);
-    block_gemm(Op::none, Op::none, rows, dv, cols, 1.0f, w.s.data(), cols,
-               in.v.k_row(seq, c0, kv_head), in.v.ld(), 1.0f, w.o.data(), dv);
+    online_softmax<kTrackNaN>(w.s.data(), rows, cols, w.m.data(), w.l.data(), w.o.data(), dv);
+    visible_product(mask, r0, rows, c0, cols, dv, 1.0f, w.s.data(), cols,
+                    in.v.k_row(seq, c0, kv_head), in.v.ld(), w.o.data(), dv);
   }
 
   for (int i = 0; i < rows; ++i) {
     float* o_row = w.o.data() + static_cast<std::int64_t>(i) * dv;
-    const bool empty = w.l[i] == 0.0f;  // no visible key: out = 0, lse = -inf
+    const bool empty = w.l[i] == 0.0f;  // no visible key: out = 0, lse = -inf (NaN stays NaN)
     const float inv_l = empty ? 0.0f : 1.0f / w.l[i];
     for (int d = 0; d < dv; ++d) o_row[d] *= inv_l;
     store_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv);
@@ -106,11 +122,11 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
 
 }  // namespace
 
-void tiled_forward(const ForwardParams& p) {
-  use_single_threaded_blas();
+void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
+  const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v)};
-  const std::int64_t blocks_per_head = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
 
   // Tasks are (batch, head, row block), row block fastest so neighbouring tasks share K/V in
@@ -124,7 +140,11 @@ void tiled_forward(const ForwardParams& p) {
       const int head = static_cast<int>(t / blocks_per_head % p.heads_q);
       const Sequence seq = sequence_of(p, static_cast<int>(t / blocks_per_head / p.heads_q));
       const std::int64_t r0 = t % blocks_per_head * kBlockM;
-      if (r0 < seq.nq) forward_block(p, in, seq, head, r0, scratch);
+      if (r0 >= seq.nq) continue;
+      if (non_finite_inputs)
+        forward_block<true>(p, in, seq, head, r0, scratch);
+      else
+        forward_block<false>(p, in, seq, head, r0, scratch);
     }
   }
 }

@@ -194,6 +194,26 @@ TEST_F(KvCacheCuda, PagedCache) {
   check_gpu(plain);
 }
 
+TEST_F(KvCacheCuda, EveryPageSize) {
+  // The other powers of two, and sizes that are not: a multiple of 8 (rows of a thread share a
+  // page: one lookup) and one that is not (every row looks up its own page).
+  check_gpu(gpu_case({31, 0, 33, 700}, 1, 32, 4, 128, DType::bf16, 32));
+  check_gpu(gpu_case({127, 128, 129, 1000}, 4, 32, 8, 64, DType::fp16, 128));
+  check_gpu(gpu_case({23, 24, 25, 600}, 4, 32, 4, 128, DType::bf16, 24));
+  check_gpu(gpu_case({11, 12, 0, 13, 500}, 1, 16, 2, 128, DType::bf16, 12));
+  check_gpu(gpu_case({7, 300}, 2, 8, 1, 64, DType::fp16, 7));
+}
+
+// D != Dv: the decode kernel of the larger head dim, K zero-filled past D and V past Dv.
+TEST_F(KvCacheCuda, ValueHeadDimDiffers) {
+  KvCase narrow_v = gpu_case({0, 100, 700}, 1, 32, 8, 128, DType::bf16, 0);
+  narrow_v.head_dim_v = 64;
+  check_gpu(narrow_v);
+  KvCase wide_v = gpu_case({3, 64, 500}, 4, 16, 4, 64, DType::fp16, 16);
+  wide_v.head_dim_v = 128;
+  check_gpu(wide_v);
+}
+
 TEST_F(KvCacheCuda, Masks) {
   // No mask: the new tokens see every key, later new tokens included.
   KvCase full = gpu_case({40, 0, 700}, 16, 32, 4, 128, DType::bf16, 16);
@@ -213,6 +233,16 @@ TEST_F(KvCacheCuda, ExplicitSm80) {
   KvCase c = gpu_case({0, 70, 900}, 4, 32, 4, 128, DType::bf16, 64);
   c.backend = Backend::cuda_sm80;
   check_gpu(c);
+}
+
+// Forced split counts: uneven shares, and more splits than some sequences have key blocks
+// (those splits see no key and the combine gives them weight 0).
+TEST_F(KvCacheCuda, ForcedSplits) {
+  for (int splits : {2, 7, 40}) {
+    KvCase c = gpu_case({0, 5, 300, 4000}, 1, 32, 8, 128, DType::bf16, splits == 7 ? 16 : 0);
+    c.num_splits = splits;
+    check_gpu(c);
+  }
 }
 
 // One long sequence: 65535 cached keys plus the new token fill a 65536-key paged cache.

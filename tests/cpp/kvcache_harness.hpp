@@ -44,6 +44,7 @@ struct KvCase {
   // where the table is validated on the host; CUDA tests keep every slot a valid page.
   bool invalid_unused_slots = false;
   Backend backend = Backend::cpu;
+  int num_splits = 0;  // 0: the plan's choice
 
   int batch() const { return static_cast<int>(lengths.size()); }
   int dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
@@ -66,7 +67,11 @@ struct KvCase {
     if (paged()) return page_size;
     return capacity > 0 ? capacity : most_keys() + 5;
   }
-  AttentionOptions options() const { return options_of(*this, backend); }
+  AttentionOptions options() const {
+    AttentionOptions o = options_of(*this, backend);
+    o.num_splits = num_splits;
+    return o;
+  }
 };
 
 // "b3_n4_h16x2_d64_bf16_page16_append_causal_len0_33_250": unique, readable, a gtest name.
@@ -88,6 +93,7 @@ inline std::string kv_case_name(const KvCase& c) {
   if (c.scale) n += "_scale" + std::to_string(static_cast<int>(*c.scale * 1000)) + "m";
   if (!c.with_lse) n += "_nolse";
   if (c.capacity > 0) n += "_cap" + std::to_string(c.capacity);
+  if (c.num_splits > 0) n += "_splits" + std::to_string(c.num_splits);
   if (c.backend == Backend::cpu_reference) n += "_reference";
   n += "_len";  // then _L for each sequence
   for (int b = 0; b < c.batch(); ++b) n.append("_").append(std::to_string(c.lengths[b]));

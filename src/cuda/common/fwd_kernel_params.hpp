@@ -15,6 +15,7 @@ struct FwdKernelParams {
   int n_blocks_per_split = 0;  // key blocks each split covers (from the max seqlen_k)
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
+  bool overlap_combine = false;  // sm90+: the combine is a programmatic dependent launch
   int num_m_blocks = 0;
   // exp2 is applied to s * scale_log2 - max * scale_log2 (one FFMA). Without softcap
   // scale_log2 = scale * log2(e); with softcap the tanh already consumed scale/softcap and

@@ -18,6 +18,7 @@ struct KVCacheKernelParams {
   int num_splits = 1;
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
+  bool overlap_combine = false;  // sm90+: the combine is a programmatic dependent launch
   // As FwdKernelParams: exp2 takes s * scale_log2 - max * scale_log2; with softcap tanh takes
   // s * softcap_in_scale first; lse_scale converts a row max back to natural-log units.
   float scale_log2 = 0.f;

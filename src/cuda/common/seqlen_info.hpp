@@ -1,6 +1,11 @@
 #pragma once
 // Where sequence b lives: padded batches address it by batch stride, varlen batches by
 // cu_seqlens (read on the device, so the host never synchronises). All offsets int64.
+// Device-side offsets are not checked by the host, so they are clamped here, where every kernel
+// reads them: a sequence starts inside its packed tensor and holds at most max_seqlen rows
+// (p.seqlen_q/k, what grids and workspaces are sized by) and at most the rows left in the
+// tensor. Wrong offsets then give wrong numbers but no access outside the given buffers
+// (docs/semantics.md, "Device-side lengths").
 #include <cstdint>
 
 #include "common/params.hpp"
@@ -17,12 +22,10 @@ struct SeqlenInfo {
 
   __device__ __forceinline__ SeqlenInfo(const ForwardParams& p, int b) {
     if (p.cu_seqlens_q != nullptr) {
-      const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
-      const int k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
-      seqlen_q = q1 - q0;
-      seqlen_k = k1 - k0;
-      row_q = q0;
-      row_k = k0;
+      clamp_rows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.total_rows_q, p.seqlen_q, row_q,
+                 seqlen_q);
+      clamp_rows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.total_rows_k, p.seqlen_k, row_k,
+                 seqlen_k);
       batch_q = batch_k = 0;
     } else {
       seqlen_q = p.seqlen_q;
@@ -30,6 +33,17 @@ struct SeqlenInfo {
       row_q = row_k = 0;
       batch_q = batch_k = b;
     }
+  }
+
+  // Rows [begin, end) of a tensor of `total` rows, at most `max_rows` of them.
+  __device__ __forceinline__ static void clamp_rows(std::int64_t begin, std::int64_t end,
+                                                    std::int64_t total, int max_rows,
+                                                    std::int64_t& first, int& count) {
+    first = begin < 0 ? 0 : begin > total ? total : begin;
+    std::int64_t n = end - first;
+    if (n > total - first) n = total - first;
+    if (n > max_rows) n = max_rows;
+    count = n < 0 ? 0 : int(n);
   }
 
   __device__ __forceinline__ std::int64_t offset(const Strides& s, std::int64_t batch,

@@ -5,13 +5,17 @@
 // split saw gets O = 0 and lse = -inf. One warp per (batch, head, row, 32 columns): lanes run
 // along the head dim, so the partial-O reads are coalesced, and a few rows (decode) still
 // spread over many warps.
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/dependent_launch.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda {
 
@@ -39,6 +43,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int b = int(bh / p.heads_q);
   const SeqlenInfo seq(p, b);
   if (i >= seq.seqlen_q) return;
+  wait_for_kernel_ahead();  // the partials are the main kernel's output
 
   const float* lse_s = kp.lse_accum + row_id;  // split s at lse_s[s * rows_per_split]
   float m = -INFINITY;
@@ -76,6 +81,25 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
         Element(acc);
   if (d == 0 && p.lse != nullptr)
     p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride + seq.row_q + i] = lse;
+}
+
+// Launches the combine after the kernel that wrote the partials. With `overlap` (sm90+) it is
+// a programmatic dependent of that kernel: its CTAs launch while the main kernel drains and
+// wait in the kernel for its results, which hides the launch gap of split calls.
+template <class Element>
+void launch_combine(const FwdKernelParams& kp, bool overlap, cudaStream_t stream) {
+  const std::int64_t blocks = (combine_warps(kp.p) + kCombineWarps - 1) / kCombineWarps;
+  if (blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kCombineWarps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, fwd_combine_kernel<Element>, kp));
 }
 
 }  // namespace flashcpp::detail::cuda

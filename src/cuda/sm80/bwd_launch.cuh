@@ -36,12 +36,14 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using Tr = BwdTraits<T, kHeadDim>;
   const BackwardParams& p = kp.p;
   check_smem_fits(Tr::kSmemBytes, p.head_dim);
-  const dim3 row_grid((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
+  // Block counts in int64: seqlen + block - 1 overflows int near 2^31.
+  const int row_ctas = int((std::int64_t(p.seqlen_q) + kRowsPerCta - 1) / kRowsPerCta);
+  const dim3 row_grid(row_ctas, p.heads_q, p.batch);
   if (p.seqlen_q > 0) {
     bwd_preprocess<T><<<row_grid, 32 * kRowsPerCta, 0, stream>>>(kp);
     FLASHCPP_CUDA_CHECK(cudaGetLastError());
   }
-  const int n_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int n_blocks = int((std::int64_t(p.seqlen_k) + Tr::kBlockN - 1) / Tr::kBlockN);
   if (n_blocks > 0) {
     auto kernel = bwd_main<T, kHeadDim>;
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(
@@ -55,7 +57,8 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
     auto kernel = bwd_dq_deterministic<T, kHeadDim>;
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-    const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch);
+    const int m_blocks = int((std::int64_t(p.seqlen_q) + Tr::kBlockM - 1) / Tr::kBlockM);
+    const dim3 grid(m_blocks, p.heads_q, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   } else {
     bwd_postprocess<T><<<row_grid, 32 * kRowsPerCta, 0, stream>>>(kp);

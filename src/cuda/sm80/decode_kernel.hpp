@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/mask.hpp"
+#include "cuda/common/dependent_launch.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
@@ -50,7 +51,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 8;
 }
 
-template <class Traits, bool kSoftcap>
+template <class Traits, bool kSoftcap, bool kPaged>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
   using Element = typename Traits::Element;
@@ -68,6 +69,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   const int row0 = blockIdx.z * kDecodeRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, tq = lane % 4;
+  // The split-KV combine may launch once every CTA has started; it waits for their results.
+  allow_dependent_launch();
 
   // ---- scheduler: the key blocks of this CTA ----
   const int n_keys = kvcache_keys(p, b);
@@ -94,41 +97,63 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
                             : q;
     cp_async_16(s_q + swizzled<C>(r, c), src, ok);
   }
-  const Element* k_cache = static_cast<const Element*>(p.k);
-  const Element* v_cache = static_cast<const Element*>(p.v);
-  // Each thread copies one 16-byte chunk column of kRowsPerThread rows of a block: the rows'
-  // addresses (and, paged, their block-table entries) are all looked up before the first
-  // copy is issued, so the lookups' latencies overlap instead of adding up.
-  constexpr int kRowStep = Traits::kThreads / C;
-  constexpr int kRowsPerThread = BN / kRowStep;
-  static_assert(Traits::kThreads % C == 0 && BN % kRowStep == 0);
-  const int chunk = tid % C, row_in_block = tid / C;
+  // Each thread copies one 16-byte chunk column of kRowsPerThread consecutive rows of a block.
+  // Consecutive rows share a page whenever the page size is a multiple of kRowsPerThread (every
+  // power of two from 8 up), so one block-table lookup serves them all and the row addresses
+  // step by the row stride: the copies cost few instructions, which decides the speed of a
+  // CTA (the kernel is issue-bound per CTA, not latency-bound).
+  constexpr int kRowGroups = Traits::kThreads / C;
+  constexpr int kRowsPerThread = BN / kRowGroups;
+  static_assert(Traits::kThreads % C == 0 && BN % kRowGroups == 0);
+  const int chunk = tid % C, row_base = (tid / C) * kRowsPerThread;
+  const Strides ks = p.k_stride, vs = p.v_stride;
+  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(head_kv) * ks.head + chunk * 8;
+  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(head_kv) * vs.head + chunk * 8;
+  if constexpr (!kPaged) {
+    k_head += b * ks.batch;
+    v_head += b * vs.batch;
+  }
   const bool k_col = chunk * 8 < p.head_dim, v_col = chunk * 8 < p.head_dim_v;
+  const bool rows_share_page = !kPaged || p.page_size % kRowsPerThread == 0;
   const auto load_block = [&](int blk, int stage) {
-    std::int64_t k_at[kRowsPerThread], v_at[kRowsPerThread];
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int key = blk * BN + row_in_block + j * kRowStep;
-      k_at[j] = v_at[j] = -1;
-      if (key < n_keys) {
-        const int page = p.paged() ? cache_page(p, b, key) : 0;
-        if (page >= 0) {
-          k_at[j] = kvcache_row_offset(p, p.k_stride, b, page, key, head_kv);
-          v_at[j] = kvcache_row_offset(p, p.v_stride, b, page, key, head_kv);
-        }
-      }
-    }
+    const int key0 = blk * BN + row_base;
+    int rows = min(kRowsPerThread, n_keys - key0);  // this thread's rows inside the sequence
     Element* sk = s_k + stage * BN * D;
     Element* sv = s_v + stage * BN * D;
+    if (rows_share_page) {
+      std::int64_t k_row0 = 0, v_row0 = 0;
+      if (rows > 0) {
+        if constexpr (kPaged) {
+          const int page = cache_page(p, b, key0);
+          if (page < 0) rows = 0;
+          k_row0 = page * ks.batch + std::int64_t(row_in_page(p, key0)) * ks.row;
+          v_row0 = page * vs.batch + std::int64_t(row_in_page(p, key0)) * vs.row;
+        } else {
+          k_row0 = std::int64_t(key0) * ks.row;
+          v_row0 = std::int64_t(key0) * vs.row;
+        }
+      }
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int r = row_in_block + j * kRowStep;
-      const bool k_ok = k_at[j] >= 0 && k_col, v_ok = v_at[j] >= 0 && v_col;
-      cp_async_16(sk + swizzled<C>(r, chunk), k_ok ? k_cache + k_at[j] + chunk * 8 : k_cache, k_ok);
-      cp_async_16(sv + swizzled<C>(r, chunk), v_ok ? v_cache + v_at[j] + chunk * 8 : v_cache, v_ok);
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
+        cp_async_16(sk + swizzled<C>(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
+        cp_async_16(sv + swizzled<C>(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+      }
+    } else if constexpr (kPaged) {
+      // Pages whose size is not a multiple of kRowsPerThread: each row looks up its own page.
+#pragma unroll 1
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int page = j < rows ? cache_page(p, b, key0 + j) : -1;
+        const bool k_ok = page >= 0 && k_col, v_ok = page >= 0 && v_col;
+        const std::int64_t in_page = row_in_page(p, key0 + j);
+        cp_async_16(sk + swizzled<C>(row_base + j, chunk),
+                    k_ok ? k_head + page * ks.batch + in_page * ks.row : k_head, k_ok);
+        cp_async_16(sv + swizzled<C>(row_base + j, chunk),
+                    v_ok ? v_head + page * vs.batch + in_page * vs.row : v_head, v_ok);
+      }
     }
   };
-#pragma unroll
+#pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) {
     if (blk_begin + s < blk_end) load_block(blk_begin + s, s);
     cp_async_commit();  // one group per stage, empty or not, so the waits count alike

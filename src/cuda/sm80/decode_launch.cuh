@@ -27,8 +27,9 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
     kvcache_append_kernel<Element><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
     FLASHCPP_CUDA_CHECK(cudaGetLastError());
   }
-  const auto kernel = kp.softcap_in_scale != 0.f ? &decode_kernel<Traits, true>
-                                                 : &decode_kernel<Traits, false>;
+  const bool softcap = kp.softcap_in_scale != 0.f, paged = p.paged();
+  const auto kernel = softcap ? (paged ? &decode_kernel<Traits, true, true> : &decode_kernel<Traits, true, false>)
+                              : (paged ? &decode_kernel<Traits, false, true> : &decode_kernel<Traits, false, false>);
   constexpr int smem = Traits::kSmemBytes;
   if constexpr (smem > 48 * 1024)
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -49,10 +50,7 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
     fk.num_splits = kp.num_splits;
     fk.o_accum = kp.o_accum;
     fk.lse_accum = kp.lse_accum;
-    const std::int64_t blocks = (combine_warps(p) + kCombineWarps - 1) / kCombineWarps;
-    if (blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
-    fwd_combine_kernel<Element><<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(fk);
-    FLASHCPP_CUDA_CHECK(cudaGetLastError());
+    launch_combine<Element>(fk, kp.overlap_combine, stream);
   }
 }
 

@@ -29,12 +29,7 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                 " thread blocks exceed the grid limit (2^31 - 1)");
   kernel<<<unsigned(blocks), Traits::kNThreads, smem, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
-  if (kp.num_splits > 1) {
-    const std::int64_t combine_blocks = (combine_warps(kp.p) + kCombineWarps - 1) / kCombineWarps;
-    if (combine_blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
-    fwd_combine_kernel<Element><<<unsigned(combine_blocks), kCombineWarps * 32, 0, stream>>>(kp);
-    FLASHCPP_CUDA_CHECK(cudaGetLastError());
-  }
+  if (kp.num_splits > 1) launch_combine<Element>(kp, kp.overlap_combine, stream);
 }
 
 }  // namespace flashcpp::detail::cuda::sm80

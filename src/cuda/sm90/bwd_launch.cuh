@@ -48,7 +48,8 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Traits = BwdTraitsOf<Element, kHeadDim>;
   const BackwardParams& p = kp.p;
-  const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int num_m_blocks =
+      int((std::int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM);
   const dim3 query_blocks(unsigned(num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
   bwd_prepass<Traits><<<query_blocks, kPrepassThreads, 0, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());

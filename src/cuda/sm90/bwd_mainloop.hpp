@@ -108,7 +108,7 @@ struct BwdMainloop {
     float4* dq_stage = reinterpret_cast<float4*>(ss.dq.data());
     constexpr int kDqVecs = Traits::kDqPerThread / 4;
     constexpr int kStageVecs = Traits::kDqBlockFloats / 4;
-    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     // The staged block not yet handed to the bulk reduction (consumer thread 0 issues it), as
     // kStages x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
     // instead of two pointers: the loop runs at the register limit.

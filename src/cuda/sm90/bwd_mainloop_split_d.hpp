@@ -91,7 +91,7 @@ struct BwdMainloopSplitD {
 
     const int n0 = n_block * kBlockN;
     const int group = p.heads_q / p.heads_kv;
-    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     const bool has_softcap = kp.softcap_in_scale != 0.f;
     const float scale_log2 = kp.scale_log2;
 

@@ -66,7 +66,7 @@ struct BwdProducer {
     copy(params.tma_v.with(ss.kv_full, 0, CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
 
     const int group = p.heads_q / p.heads_kv;
-    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
