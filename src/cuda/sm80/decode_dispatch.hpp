@@ -66,10 +66,12 @@ inline int decode_splits(const KVCacheParams& p, const DecodeTile& t, int sm_cou
   const std::int64_t blocks = (std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n;
   const std::int64_t by_blocks = std::max<std::int64_t>(1, blocks / 2);
   std::int64_t splits = std::min<std::int64_t>({sm_count / ctas, by_blocks, 128});
-  // With a third of the SMs or more busy, one CTA per (sequence, kv head) nearly saturates the
-  // memory by itself: split only long caches, where the combine is small against the stream
-  // (H100, B8: unsplit 4% faster at L = 4k, 2 splits 3% faster at 16k).
-  if (3 * ctas >= sm_count) splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, blocks / 128));
+  // Contiguous caches with a third of the SMs or more busy: one CTA per (sequence, kv head)
+  // nearly saturates the memory by itself, so split only long caches, where the combine is
+  // small against the stream (H100, B8: unsplit 4% faster at L = 4k, 2 splits 3% faster at
+  // 16k). A paged CTA streams slower (B8 L4k unsplit: 16-key pages at 0.75x contiguous).
+  if (!p.paged() && 3 * ctas >= sm_count)
+    splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, blocks / 128));
   return int(splits);
 }
 
