@@ -267,6 +267,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, merge_max[w][row]);
     return m;
   };
+  // Each row's normaliser and lse, once per row (not per element of the store loop below).
+  __shared__ float row_scale[kDecodeRows], row_lse[kDecodeRows];
+  if (tid < kDecodeRows) {
+    const float m = row_offset(tid);
+    float sum = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w)
+        if (merge_max[w][tid] != -INFINITY)
+          sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * kp.scale_log2);
+    }
+    const bool empty = !(sum > 0.f);
+    row_scale[tid] = empty ? 0.f : 1.f / sum;
+    row_lse[tid] = empty ? -INFINITY : m * kp.lse_scale + logf(sum);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
@@ -285,19 +300,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
     const int r = i / D, col = i % D;
     if (col >= p.head_dim_v) continue;
-    const float m = row_offset(r);
-    float sum = 0.f, o = 0.f;
-    if (m != -INFINITY) {
+    float o = 0.f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        if (merge_max[w][r] != -INFINITY)
-          sum += merge_sum[w][r] * fast_exp2((merge_max[w][r] - m) * kp.scale_log2);
-        o += merge_o[(w * kDecodeRows + r) * D + col];
-      }
-    }
-    const bool empty = !(sum > 0.f);
-    o = empty ? 0.f : o / sum;
-    const float lse = empty ? -INFINITY : m * kp.lse_scale + logf(sum);
+    for (int w = 0; w < kDecodeWarps; ++w) o += merge_o[(w * kDecodeRows + r) * D + col];
+    o = row_scale[r] == 0.f ? 0.f : o * row_scale[r];  // a row that saw no key: exactly 0
+    const float lse = row_lse[r];
     const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
     if (kp.num_splits > 1) {
       const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
