@@ -100,19 +100,22 @@ struct Row {
   std::string expected;
 };
 
-std::string heads_above_int32() {
-  Call c;
+// More than 2^31 - 1 query heads (q, out and lse agree). In place: the views point into c.t.
+void bend_query_heads_above_int32(Call& c) {
   c.q = with_shape(c.q, 2, kAbove32);
   c.out = with_shape(c.out, 2, kAbove32);
   c.lse = with_shape(c.lse, 1, kAbove32);
+}
+
+std::string heads_above_int32() {
+  Call c;
+  bend_query_heads_above_int32(c);
   return c.forward();
 }
 
 std::string kv_heads_above_int32() {
   Call c;
-  c.q = with_shape(c.q, 2, kAbove32);
-  c.out = with_shape(c.out, 2, kAbove32);
-  c.lse = with_shape(c.lse, 1, kAbove32);
+  bend_query_heads_above_int32(c);
   c.k = with_shape(c.k, 2, kAbove32);
   c.v = with_shape(c.v, 2, kAbove32);
   return c.forward();
