@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer (CMake preset "sanitize":
 # every target built with -fsanitize=address,undefined, no recovery: the first report fails).
-#   scripts/sanitize.sh            C++: the CPU tests of flashcpp_tests (the consumer project
-#                                  test is left out: it builds an uninstrumented copy)
+#   scripts/sanitize.sh            C++: the CPU tests of flashcpp_tests and the bench's --json
+#                                  test (the consumer project test is left out: it builds an
+#                                  uninstrumented copy)
 #   scripts/sanitize.sh --python   also the Python module (preset "sanitize-python", in the venv
 #                                  scripts/python_tests.sh made) and the pytest suite, with the
 #                                  sanitizer runtimes preloaded into the uninstrumented python
@@ -19,7 +20,7 @@ if [[ "${1:-}" == "--python" ]]; then
 fi
 
 cmake --preset sanitize >/dev/null
-cmake --build --preset sanitize -j "$jobs" --target flashcpp_tests
+cmake --build --preset sanitize -j "$jobs" --target flashcpp_tests flashcpp-bench
 ctest --preset sanitize -j "$jobs" -E '^consumer\.' "$@"
 
 if ((python)); then
