@@ -17,6 +17,8 @@ struct Plan {
   // unsplit instead (same result), where an explicit num_splits > 1 is an error.
   bool splits_optional = false;
   std::size_t workspace_bytes = 0;
+  // CUDA sm90+: a split call's combine launches as a programmatic dependent of the main kernel.
+  bool overlap_combine = false;
 
   RunInfo run_info() const { return {backend, kernel, num_splits}; }
 };

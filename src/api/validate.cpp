@@ -133,6 +133,28 @@ Strides strides_of(const TensorView& t, bool varlen) {
   return {t.stride[0], t.stride[1], t.stride[2]};
 }
 
+// What every call sets alike from its checked views: element type, pointers, head counts and
+// dims, and the strides of q, k, v and out (the caches are k and v of a KV-cache call).
+void set_views(ForwardParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& out, const TensorView* lse, std::int64_t heads_q,
+               std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v,
+               bool varlen) {
+  p.dtype = element_type(q.dtype);
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.head_dim = static_cast<int>(head_dim);
+  p.head_dim_v = static_cast<int>(head_dim_v);
+  p.q_stride = strides_of(q, varlen);
+  p.k_stride = strides_of(k, varlen);
+  p.v_stride = strides_of(v, varlen);
+  p.out_stride = strides_of(out, varlen);
+}
+
 // Varlen offsets: int32 [B + 1] on q's device. Host offsets are copied into `copy` first and
 // the copy is checked and used: another thread may change the caller's memory meanwhile.
 int check_cu_seqlens(const TensorView& cu, const char* name, const TensorView& q,
@@ -286,20 +308,7 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   if (t.lse != nullptr) check_memory(*t.lse, "lse", false);  // fp32, no vector loads
 
   ForwardParams p;
-  p.dtype = element_type(t.q.dtype);
-  p.q = t.q.data;
-  p.k = t.k.data;
-  p.v = t.v.data;
-  p.out = t.out.data;
-  p.lse = t.lse ? static_cast<float*>(t.lse->data) : nullptr;
-  p.heads_q = static_cast<int>(heads_q);
-  p.heads_kv = static_cast<int>(heads_kv);
-  p.head_dim = static_cast<int>(head_dim);
-  p.head_dim_v = static_cast<int>(head_dim_v);
-  p.q_stride = strides_of(t.q, varlen);
-  p.k_stride = strides_of(t.k, varlen);
-  p.v_stride = strides_of(t.v, varlen);
-  p.out_stride = strides_of(t.out, varlen);
+  set_views(p, t.q, t.k, t.v, t.out, t.lse, heads_q, heads_kv, head_dim, head_dim_v, varlen);
   if (varlen) {
     const int batch_q = check_cu_seqlens(*t.cu_seqlens_q, "cu_seqlens_q", t.q, t.q.shape[0],
                                          t.max_seqlen_q, "max_seqlen_q", copies.cu_seqlens_q);
@@ -530,25 +539,13 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     }
   }
 
-  KVCacheParams p;
-  p.dtype = element_type(t.q.dtype);
-  p.q = t.q.data;
-  p.k = t.k_cache.data;
-  p.v = t.v_cache.data;
-  p.out = t.out.data;
-  p.lse = t.lse ? static_cast<float*>(t.lse->data) : nullptr;
-  p.batch = static_cast<int>(batch);
-  p.heads_q = static_cast<int>(heads_q);
-  p.heads_kv = static_cast<int>(heads_kv);
-  p.head_dim = static_cast<int>(head_dim);
-  p.head_dim_v = static_cast<int>(head_dim_v);
   if (nnew > INT32_MAX) fail("q: ", nnew, " new tokens exceed 2^31 - 1");
+  KVCacheParams p;
+  set_views(p, t.q, t.k_cache, t.v_cache, t.out, t.lse, heads_q, heads_kv, head_dim, head_dim_v,
+            false);
+  p.batch = static_cast<int>(batch);
   p.seqlen_q = static_cast<int>(nnew);
   p.seqlen_k = static_cast<int>(capacity);
-  p.q_stride = strides_of(t.q, false);
-  p.k_stride = strides_of(t.k_cache, false);
-  p.v_stride = strides_of(t.v_cache, false);
-  p.out_stride = strides_of(t.out, false);
   if (t.lse) {
     p.lse_batch_stride = t.lse->stride[0];
     p.lse_head_stride = t.lse->stride[1];

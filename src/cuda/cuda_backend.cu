@@ -203,7 +203,7 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
   FwdKernelParams kp;
   kp.p = params;
   kp.num_splits = splits;
-  kp.overlap_combine = device_info(params.device).major >= 9;
+  kp.overlap_combine = plan.overlap_combine;
   kp.num_m_blocks = sm80::fwd_num_m_blocks(params, t);
   const int n_blocks = sm80::fwd_num_n_blocks(params, t);
   kp.n_blocks_per_split = (n_blocks + splits - 1) / splits;
@@ -343,7 +343,7 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
   kp.rows = sm80::decode_rows(params);
   kp.num_m_tiles = sm80::decode_m_tiles(params);
   kp.num_splits = splits;
-  kp.overlap_combine = device_info(params.device).major >= 9;
+  kp.overlap_combine = plan.overlap_combine;
   if (splits > 1) {
     kp.o_accum = static_cast<float*>(workspace.data);
     kp.lse_accum = kp.o_accum + std::size_t(splits) * params.batch * params.heads_q *
