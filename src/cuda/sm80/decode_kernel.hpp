@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
         if constexpr (kPaged) {
           const int page = cache_page(p, b, key0);
           if (page < 0) rows = 0;
-          k_row0 = kvcache_row_offset(p, ks, b, page, key0, 0);  // k_head holds the head
-          v_row0 = kvcache_row_offset(p, vs, b, page, key0, 0);
+          k_row0 = page * ks.batch + std::int64_t(row_in_page(p, key0)) * ks.row;
+          v_row0 = page * vs.batch + std::int64_t(row_in_page(p, key0)) * vs.row;
         } else {
           k_row0 = std::int64_t(key0) * ks.row;
           v_row0 = std::int64_t(key0) * vs.row;
@@ -145,10 +145,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int page = j < rows ? cache_page(p, b, key0 + j) : -1;
         const bool k_ok = page >= 0 && k_col, v_ok = page >= 0 && v_col;
+        const std::int64_t in_page = row_in_page(p, key0 + j);
         cp_async_16(sk + swizzled<C>(row_base + j, chunk),
-                    k_ok ? k_head + kvcache_row_offset(p, ks, b, page, key0 + j, 0) : k_head, k_ok);
+                    k_ok ? k_head + page * ks.batch + in_page * ks.row : k_head, k_ok);
         cp_async_16(sv + swizzled<C>(row_base + j, chunk),
-                    v_ok ? v_head + kvcache_row_offset(p, vs, b, page, key0 + j, 0) : v_head, v_ok);
+                    v_ok ? v_head + page * vs.batch + in_page * vs.row : v_head, v_ok);
       }
     }
   };
