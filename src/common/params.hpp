@@ -55,7 +55,7 @@ struct ForwardParams {
   int device = 0;      // CUDA ordinal
   int num_splits = 0;  // 0: heuristic
 
-  bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  FLASHCPP_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
 };
 
 struct BackwardParams : ForwardParams {

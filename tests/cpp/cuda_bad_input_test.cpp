@@ -232,16 +232,69 @@ TEST_P(CudaHiddenKeys, NanValuesBackward) {
             "finite, finite, finite, finite");
 }
 
+// Varlen, bf16 d128, 2 heads, three packed sequences of 100, 150 and 70 rows (q and k alike):
+// the middle one's k and v are NaN. The first sequence's last key block reaches into the
+// middle one's rows (the sm90a kernels load whole 128-row blocks from the packed tensor), yet
+// sequences 0 and 2 must come out finite, forward and backward: keys past a sequence's end
+// are not its keys.
+TEST_P(CudaHiddenKeys, NanInTheNextVarlenSequence) {
+  constexpr int kRows = 320, kH = 2, kD = 128;
+  const int cu[] = {0, 100, 250, 320};
+  const MemLayout rows{{kRows, kH, kD}, {kH * kD, kD, 1}};
+  const MemLayout lse_rows{{kH, kRows}, {kRows, 1}};
+  std::vector<float> q(rows.elements()), k(q.size()), v(q.size()), dout(q.size());
+  fill_rounded(DType::bf16, 31, {&q, &k, &v, &dout});
+  for (std::int64_t i = std::int64_t(cu[1]) * kH * kD; i < std::int64_t(cu[2]) * kH * kD; ++i)
+    k[i] = v[i] = NAN;
+  const std::size_t bytes = q.size() * 2;
+  DeviceBuffer dq_in(bytes), dk_in(bytes), dv_in(bytes), ddout(bytes), out(bytes), dq(bytes),
+      dk(bytes), dv(bytes), lse(kH * kRows * 4), cu_q(16), cu_k(16);
+  upload(dq_in, image(DType::bf16, q, rows));
+  upload(dk_in, image(DType::bf16, k, rows));
+  upload(dv_in, image(DType::bf16, v, rows));
+  upload(ddout, image(DType::bf16, dout, rows));
+  upload(cu_q, std::vector<std::int32_t>(cu, cu + 4));
+  upload(cu_k, std::vector<std::int32_t>(cu, cu + 4));
+  const auto view = [&](DeviceBuffer& b) { return device_view(b, DType::bf16, rows); };
+  const TensorView cq = device_view(cu_q, DType::int32, {{4}, {1}});
+  const TensorView ck = device_view(cu_k, DType::int32, {{4}, {1}});
+  const TensorView lse_view = device_view(lse, DType::fp32, lse_rows);
+  AttentionOptions o;
+  o.backend = GetParam();
+  o.num_splits = 1;
+  forward_varlen(view(dq_in), view(dk_in), view(dv_in), view(out), &lse_view, cq, ck, 150, 150,
+                 o);
+  const std::size_t ws = backward_varlen_workspace_size(view(dq_in), view(dk_in), view(dv_in),
+                                                        cq, ck, 150, 150, o);
+  DeviceBuffer workspace(ws);
+  backward_varlen(view(dq_in), view(dk_in), view(dv_in), view(out), view(ddout), lse_view,
+                  view(dq), view(dk), view(dv), cq, ck, 150, 150, o, nullptr,
+                  {workspace.ptr, ws});
+  const auto first_non_finite = [&](DeviceBuffer& b, const char* name) -> std::string {
+    const std::vector<float> x = logical(DType::bf16, download<std::uint16_t>(b, q.size()), rows);
+    for (int row = 0; row < kRows; ++row) {
+      if (row >= cu[1] && row < cu[2]) continue;
+      for (int i = 0; i < kH * kD; ++i)
+        if (!std::isfinite(x[std::int64_t(row) * kH * kD + i]))
+          return std::string(name) + " row " + std::to_string(row);
+    }
+    return "finite";
+  };
+  EXPECT_EQ(first_non_finite(out, "out"), "finite");
+  EXPECT_EQ(first_non_finite(dq, "dq"), "finite");
+  EXPECT_EQ(first_non_finite(dk, "dk"), "finite");
+  EXPECT_EQ(first_non_finite(dv, "dv"), "finite");
+}
+
 // ---- device-side lengths ---------------------------------------------------------------------
 
 // Varlen bf16 d128, 64 packed rows each of q and k, max_seqlen 32, but the device offsets say
 // sequence 0 holds 100 queries and sequence 1 starts past the tensors' end. Every output and
 // the workspaces sit in guarded buffers: the kernels must clamp and write nothing past them.
 class CudaDeviceLengths : public BackendSuite<forward_skip_reason> {};
-INSTANTIATE_TEST_SUITE_P(, CudaDeviceLengths, ::testing::Values(Backend::cuda_sm80),
-                         backend_suffix);
+INSTANTIATE_TEST_SUITE_P(, CudaDeviceLengths, kGpuBackends, backend_suffix);
 
-void run_with_bad_offsets(int num_splits, bool deterministic) {
+void run_with_bad_offsets(Backend backend, int num_splits, bool deterministic) {
   constexpr int kRows = 64, kMax = 32, kD = 128;
   const MemLayout rows{{kRows, 1, kD}, {kD, kD, 1}};
   const MemLayout lse_rows{{1, kRows}, {kRows, 1}};
@@ -258,7 +311,7 @@ void run_with_bad_offsets(int num_splits, bool deterministic) {
   const TensorView ck = make_view(cu_k.ptr, DType::int32, {{3}, {1}}, Device::cuda(0));
   const TensorView lse_view = make_view(lse.memory.ptr, DType::fp32, lse_rows, Device::cuda(0));
   AttentionOptions o;
-  o.backend = Backend::cuda_sm80;
+  o.backend = backend;
   o.num_splits = num_splits;
   o.deterministic = deterministic;
 
@@ -283,11 +336,11 @@ void run_with_bad_offsets(int num_splits, bool deterministic) {
 }
 
 TEST_P(CudaDeviceLengths, OffsetsPastTheBoundsStayInsideTheBuffers) {
-  run_with_bad_offsets(1, false);
+  run_with_bad_offsets(GetParam(), 1, false);
 }
 
 TEST_P(CudaDeviceLengths, SplitKvAndDeterministicStayInsideTheBuffers) {
-  run_with_bad_offsets(2, true);
+  run_with_bad_offsets(GetParam(), 2, true);
 }
 
 #endif  // FLASHCPP_TEST_WITH_CUDA

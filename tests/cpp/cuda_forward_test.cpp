@@ -2,8 +2,8 @@
 // same rounded inputs), once per GPU backend, requested explicitly: CudaForward's tests run on
 // both (names end /sm80 and /sm90), CudaForwardSm80's and CudaForwardSm90's on the one they
 // name. On Hopper the automatic backend takes the sm90a kernels (TMA + wgmma,
-// warp-specialised); those do not cover varlen and split-KV yet, which must fall back to the
-// sm80 kernels and say so in RunInfo. Every test skips without a GPU (CI has none), and the
+// warp-specialised); those do not cover split-KV yet, which must fall back to the sm80
+// kernels and say so in RunInfo. Every test skips without a GPU (CI has none), and the
 // sm90 ones on a GPU that is not sm90 or in a build without the sm90a kernels. The harness is
 // cuda_harness.hpp; the GPU workflow builds every kernel, so it skips no case. A subset that
 // has an sm80-only head dim (32, 96, 192) but not the sm90 one above it (64, 128, 256) still
@@ -151,12 +151,10 @@ TEST_P(CudaForward, WindowSoftcapGqaMqa) {
 
 TEST_P(CudaForward, BhsdStrides) { check_bhsd_strides(base(), 128); }
 
-// Varlen with an empty query and an empty key sequence, 4/1 heads, d64, causal or not. sm90
-// has no varlen kernel yet: there the call runs on sm80, and RunInfo says so.
+// Varlen with an empty query and an empty key sequence, 4/1 heads, d64, causal or not.
 TEST_P(CudaForward, VarlenWithEmptySequence) {
   for (bool causal : {false, true}) {
     FwdCase c = base();
-    c.expect = Backend::cuda_sm80;
     c.seqlens_q = {17, 0, 130, 1, 64};
     c.seqlens_k = {40, 5, 130, 0, 300};
     c.Hq = 4;
@@ -165,6 +163,30 @@ TEST_P(CudaForward, VarlenWithEmptySequence) {
     c.causal = causal;
     check(c);
   }
+}
+
+// Varlen lengths around the tile sizes (1, 79-81, 127-129, 255-257, one long sequence), keys
+// longer and shorter than queries, at each sm90 head dim and d96 (zero-padded to 128), with
+// causal, a window, softcap and GQA 4/2; sequences end mid-tile, so tiles reach into their
+// neighbours' rows.
+TEST_P(CudaForward, VarlenMixedLengths) {
+  struct Options { bool causal; int wl, wr; float softcap; };
+  const Options options[] = {{false, -1, -1, 0.f}, {true, -1, -1, 0.f}, {false, 100, 7, 0.f},
+                             {true, -1, -1, 30.f}};
+  for (int d : {64, 96, 128, 256})
+    for (const Options& opt : options) {
+      FwdCase c = base();
+      c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
+      c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.D = d;
+      c.causal = opt.causal;
+      c.wl = opt.wl;
+      c.wr = opt.wr;
+      c.softcap = opt.softcap;
+      check(c);
+    }
 }
 
 TEST_P(CudaForward, RowsWithoutVisibleKeysGiveZeroAndMinusInf) {

@@ -3,9 +3,11 @@
 // instantiations this build has, whether a call is covered, the run-time switch that lets the
 // automatic backend pick sm90, and the kernel names reported in RunInfo.
 //
-// Not covered yet (the planner sends these to the sm80 kernels): varlen, split-KV,
+// Not covered yet (the planner sends these to the sm80 kernels): split-KV,
 // head_dim_v != head_dim, and strides or pointers that a TMA descriptor cannot describe
-// (every stride a multiple of 16 bytes, every base pointer 16-byte aligned).
+// (every stride a multiple of 16 bytes, every base pointer 16-byte aligned; varlen tensors of
+// 2^31 rows or more).
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -80,11 +83,13 @@ inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int head
 // True when the sm90 forward can run this call (split-KV is decided by the planner).
 inline bool fwd_covers(const ForwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || p.is_varlen() || find_fwd_kernel(p) == nullptr) return false;
-  return tma_compatible(p.q, p.q_stride, p.seqlen_q, p.heads_q, p.batch) &&
-         tma_compatible(p.k, p.k_stride, p.seqlen_k, p.heads_kv, p.batch) &&
-         tma_compatible(p.v, p.v_stride, p.seqlen_k, p.heads_kv, p.batch) &&
-         tma_compatible(p.out, p.out_stride, p.seqlen_q, p.heads_q, p.batch);
+  if (p.head_dim_v != p.head_dim || find_fwd_kernel(p) == nullptr) return false;
+  if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
+  const int rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
+  return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches) &&
+         tma_compatible(p.k, p.k_stride, rows_k, p.heads_kv, batches) &&
+         tma_compatible(p.v, p.v_stride, rows_k, p.heads_kv, batches) &&
+         tma_compatible(p.out, p.out_stride, rows_q, p.heads_q, batches);
 }
 
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {

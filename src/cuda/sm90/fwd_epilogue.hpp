@@ -2,12 +2,14 @@
 // Epilogue of the sm90 forward, run by each consumer warpgroup on its own 64 rows of a tile:
 // lse one value per row from the quad's first thread, and the normalised O in the element
 // type, either
-//  - through shared memory and a TMA store (d64, d128): the warpgroup writes its 64 x D half
+//  - through shared memory and a TMA store (d64, d128; varlen: where the warpgroup's 64 rows
+//    lie inside the sequence): the warpgroup writes its 64 x D half
 //    of the O buffer (4-byte stores into the 128-byte swizzle, conflict-free) and one thread
 //    issues the bulk store; the descriptor's real extents clip rows past the sequence and
 //    columns past the real head dim. The store runs while the warpgroup starts its next tile;
 //    the buffer is rewritten only after that store has finished reading it;
-//  - or from registers (d256, where shared memory has no room for O): two neighbouring
+//  - or from registers (d256, where shared memory has no room for O, and varlen rows that
+//    reach past the sequence's end): two neighbouring
 //    columns per 4-byte store, predicated on the row and column bounds.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -49,10 +51,17 @@ struct FwdEpilogue {
     // the persistent tile loop and keeps them live (spilled) across the main loop.
     asm volatile("mov.b32 %0, %0;" : "+r"(tid));
     store_lse(params.kp, seq, tile, lse, tid);
-    if constexpr (Traits::kTmaStoreO)
-      store_o_tma(params, seq, tile, acc_o, ss, tid);
-    else
-      store_o_registers(params.kp, seq, tile, acc_o, tid);
+    // Varlen: a warpgroup whose 64 rows run past the sequence's end stores from registers; a
+    // TMA store would write those rows into the next sequence's (only the packed tensor's end
+    // clips).
+    if constexpr (Traits::kTmaStoreO) {
+      const int rows_left = seq.seqlen_q - tile.m_block * kBlockM - tid / 128 * 64;
+      if (!params.kp.p.is_varlen() || rows_left >= 64) {
+        store_o_tma(params, seq, tile, acc_o, ss, tid);
+        return;
+      }
+    }
+    store_o_registers(params.kp, seq, tile, acc_o, tid);
   }
 
   // Before the CTA exits: its last TMA stores must have finished reading shared memory.
@@ -115,10 +124,12 @@ struct FwdEpilogue {
     named_barrier_sync(bar, 128);
 
     if (leader) {
-      Tensor mO = params.tma_o.get_tma_tensor(
-          make_shape(p.seqlen_q, p.head_dim_v, p.heads_q, p.batch));
-      Tensor gO = local_tile(mO(_, _, tile.head, int(seq.batch_q)),
-                             Shape<_64, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, D, m)
+      Tensor mO = domain_offset(
+          make_coord(int(seq.row_q), _0{}),
+          params.tma_o.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.heads_q,
+                                                 tma_batches(p)))(_, _, tile.head,
+                                                                  int(seq.batch_q)));
+      Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, D, m)
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sO), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));

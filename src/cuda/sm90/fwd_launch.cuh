@@ -25,7 +25,7 @@ template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Traits = FwdTraits<Element, kHeadDim>;
-  using Scheduler = PersistentTileScheduler;
+  using Scheduler = PersistentTileScheduler<Traits::kBlockM>;
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
   params.kp = kp;
@@ -33,22 +33,22 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const auto* k = static_cast<const Element*>(p.k);
   const auto* v = static_cast<const Element*>(p.v);
   params.tma_q = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(q, p.seqlen_q, p.head_dim, p.heads_q, p.batch, p.q_stride),
+      SM90_TMA_LOAD{}, gmem_view(q, tma_rows_q(p), p.head_dim, p.heads_q, tma_batches(p), p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
   params.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(k, p.seqlen_k, p.head_dim, p.heads_kv, p.batch, p.k_stride),
+      SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
       take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
       _1{});
   params.tma_v = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(v, p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, p.v_stride),
+      SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
       take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
       _1{});
 
   if constexpr (Traits::kTmaStoreO)
     params.tma_o = make_tma_copy(
         SM90_TMA_STORE{},
-        gmem_view(static_cast<Element*>(p.out), p.seqlen_q, p.head_dim_v, p.heads_q, p.batch,
-                  p.out_stride),
+        gmem_view(static_cast<Element*>(p.out), tma_rows_q(p), p.head_dim_v, p.heads_q,
+                  tma_batches(p), p.out_stride),
         typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
   const auto kernel = &fwd_kernel<FwdMainloop<Traits>, FwdEpilogue<Traits>, Scheduler>;

@@ -67,23 +67,27 @@ struct FwdMainloop {
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
-    const int batch = int(seq.batch_q);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
-    Tensor mQ = params.tma_q.get_tma_tensor(
-        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                           make_coord(m_block, _0{}));
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+    // This sequence's rows: (row, dim) views shifted to its first row (0 unless varlen).
+    Tensor mQ = domain_offset(
+        make_coord(int(seq.row_q), _0{}),
+        params.tma_q.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim, p.heads_q,
+                                               tma_batches(p)))(_, _, head, int(seq.batch_q)));
+    Tensor mK = domain_offset(
+        make_coord(int(seq.row_k), _0{}),
+        params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
+                                               tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
+    Tensor mV = domain_offset(
+        make_coord(int(seq.row_k), _0{}),
+        params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                                               tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(_, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
 
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));
@@ -197,6 +201,13 @@ struct FwdMainloop {
     softmax.step(s_rc, kp.scale_log2, o_scale);
     Tensor p_regs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
+    // Varlen: the rows of the last key block past the sequence's end are the next sequence's
+    // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
+    // so they are zeroed before the block's P V (padded calls load zeros there).
+    if (kp.p.is_varlen() && (n + 1) * kBlockN > seq.seqlen_k) {
+      pipeline_v.consumer_wait(v_state);
+      zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
+    }
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
@@ -232,6 +243,20 @@ struct FwdMainloop {
     pipeline_v.consumer_release(v_state);
     ++v_state;
     state = v_state;  // == k_state: every block's K and V consumed
+  }
+
+ private:
+  // Zeroes rows [first_row, kBlockN) of V stage `stage`, 16 bytes at a time (a 128-byte
+  // swizzle moves whole 16-byte chunks), and makes the writes visible to this warpgroup's
+  // wgmma (async proxy). Both warpgroups write the same zeros, so each needs only its own
+  // threads' writes done before its product reads them.
+  __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    constexpr int kChunks = kHeadDim / 8;
+    for (int i = first_row * kChunks + tid % 128; i < kBlockN * kChunks; i += 128)
+      *reinterpret_cast<uint4*>(&sV(i / kChunks, i % kChunks * 8, stage)) = make_uint4(0, 0, 0, 0);
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(tid / 128 == 0 ? NamedBarrier::kFwdVTail0 : NamedBarrier::kFwdVTail1, 128);
   }
 };
 

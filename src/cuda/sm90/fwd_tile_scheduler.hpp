@@ -13,14 +13,19 @@
 // Units run head by head (query tiles innermost), so the CTAs that run together read a few
 // heads' K and V and find them in L2.
 //
+// Varlen calls deal the same slots, sized by the longest sequence (num_m_blocks); a sequence
+// with fewer query tiles pairs its own tiles (m and M_b - 1 - m) and leaves the rest as holes.
+//
 // The walk is stated in slots: unit u owns slots [u * kSlots, (u + 1) * kSlots). Everything
 // is recomputed from the kernel parameters (constant memory) instead of being kept in
 // registers across the main loop.
 #include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
+template <int kBlockM>
 struct PersistentTileScheduler {
   __host__ __device__ static bool paired(const FwdKernelParams& kp) {
     return kp.p.window_left >= 0 || kp.p.window_right >= 0;
@@ -46,24 +51,25 @@ struct PersistentTileScheduler {
     return slot % 2 == 0 ? slot + 1 : slot + 2 * grid - 1;
   }
 
-  // The query tile of `slot`; false for the hole of an odd M.
+  // The query tile of `slot`; false for a hole (the odd M's middle pair slot, or a varlen
+  // sequence's slots past its own tiles).
   __device__ static bool tile(const FwdKernelParams& kp, int slot, TileCoord& t) {
-    const int m_blocks = kp.num_m_blocks;
     const int per_head = slots_per_head(kp);
     const int head_batch = slot / per_head;
     const int r = slot % per_head;
-    bool valid = true;
-    if (paired(kp)) {
-      const int pair = r / 2;
-      t.m_block = r % 2 == 0 ? m_blocks - 1 - pair : pair;
-      valid = r % 2 == 0 || pair != m_blocks - 1 - pair;
-    } else {
-      t.m_block = m_blocks - 1 - r;
-    }
     t.split = 0;
     t.head = head_batch % kp.p.heads_q;
     t.batch = head_batch / kp.p.heads_q;
-    return valid;
+    const int m_blocks = kp.p.is_varlen()
+                             ? (SeqlenInfo(kp.p, t.batch).seqlen_q + kBlockM - 1) / kBlockM
+                             : kp.num_m_blocks;
+    if (paired(kp)) {
+      const int pair = r / 2;
+      t.m_block = r % 2 == 0 ? m_blocks - 1 - pair : pair;
+      return pair < (m_blocks + 1) / 2 && (r % 2 == 0 || pair != m_blocks - 1 - pair);
+    }
+    t.m_block = m_blocks - 1 - r;
+    return r < m_blocks;
   }
 };
 

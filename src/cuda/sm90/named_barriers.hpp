@@ -22,6 +22,10 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
+  // Forward (which has no dS): consumer warpgroup w has zeroed the varlen tail rows of a V
+  // stage (fwd_mainloop.hpp).
+  kFwdVTail0 = kBwdDsReady,
+  kFwdVTail1 = kBwdDsReady1,
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
   kBwdEpilogueAll = kWarpScheduler0,
