@@ -148,12 +148,17 @@ bool sm90_forward_runs(const ForwardParams& p) {
   return p.num_splits == 1 || heuristic_splits(p, sm80_fwd_tile(p.head_dim)) <= 1;
 }
 
+// Varlen on sm90a deals its tiles from a counter in the workspace (fwd_tile_scheduler.hpp).
+// Optional: without a workspace that holds it the tiles are dealt statically (same result).
+constexpr std::size_t kTileCounterBytes = 16;
+
 Plan plan_sm90_forward(const ForwardParams& p) {
   const sm90::FwdKernel& k = *sm90::find_fwd_kernel(p);
   Plan plan;
   plan.backend = Backend::cuda_sm90;
   plan.kernel = sm90::fwd_kernel_name(k);
   plan.kernel_index = int(&k - sm90::kFwdKernels);
+  plan.workspace_bytes = p.is_varlen() ? kTileCounterBytes : 0;
   return plan;
 }
 
@@ -183,11 +188,16 @@ void fold_scales(KernelParams& kp) {
   kp.scale_log2 = kp.lse_scale * kLog2e;
 }
 
-RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream stream) {
+RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream stream,
+                         Workspace workspace) {
   const sm90::FwdKernel& kernel = sm90::kFwdKernels[plan.kernel_index];
   FwdKernelParams kp;
   kp.p = params;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
+  if (plan.workspace_bytes > 0 && workspace.data != nullptr &&
+      workspace.bytes >= plan.workspace_bytes &&
+      reinterpret_cast<std::uintptr_t>(workspace.data) % 16 == 0)
+    kp.tile_counter = static_cast<int*>(workspace.data);
   fold_scales(kp);
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
@@ -311,7 +321,8 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
 
 RunInfo run_forward(const Plan& plan, const ForwardParams& params, Stream stream,
                     Workspace workspace) {
-  if (plan.backend == Backend::cuda_sm90) return run_sm90_forward(plan, params, stream);
+  if (plan.backend == Backend::cuda_sm90)
+    return run_sm90_forward(plan, params, stream, workspace);
   return run_sm80_forward(plan, params, stream, workspace);
 }
 

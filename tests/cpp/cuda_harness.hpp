@@ -420,9 +420,10 @@ inline void run_case(const FwdCase& c, FwdResult& r, int repeats = 1) {
   const TensorView tcu_k = device_view(dcu_k, DType::int32, cu);
 
   std::size_t ws_bytes = 0;
-  if (c.give_workspace && !c.varlen()) ws_bytes = forward_workspace_size(tq, tk, tv, opt);
-  if (c.give_workspace && c.varlen() && c.num_splits > 1)
-    ws_bytes = std::size_t(c.num_splits) * g.B * c.Hq * g.max_q * (c.D + 1) * 4;
+  if (c.give_workspace)
+    ws_bytes = c.varlen() ? forward_varlen_workspace_size(tq, tk, tv, tcu_q, tcu_k, g.max_q,
+                                                          g.max_k, opt)
+                          : forward_workspace_size(tq, tk, tv, opt);
   DeviceBuffer ws(ws_bytes);
 
   for (int rep = 0; rep < repeats; ++rep) {

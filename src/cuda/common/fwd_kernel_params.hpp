@@ -17,6 +17,9 @@ struct FwdKernelParams {
   float* lse_accum = nullptr;
   bool overlap_combine = false;  // sm90+: the combine is a programmatic dependent launch
   int num_m_blocks = 0;
+  // sm90a varlen: the dynamic tile deal's counter (one int of the workspace, zeroed before the
+  // launch); null deals the tiles statically.
+  int* tile_counter = nullptr;
   // exp2 is applied to s * scale_log2 - max * scale_log2 (one FFMA). Without softcap
   // scale_log2 = scale * log2(e); with softcap the tanh already consumed scale/softcap and
   // scale_log2 = softcap * log2(e). lse_scale is the same factor in natural-log units.

@@ -1,8 +1,8 @@
 #pragma once
 // The sm90a forward kernel, composed from three parts given as template parameters:
 //   Scheduler  which tiles this CTA walks: static num_slots(kp), first(kp, cta),
-//              next(kp, slot, grid) and tile(kp, slot, TileCoord&) -> false for a hole
-//              (fwd_tile_scheduler.hpp);
+//              next(kp, slot, grid) and tile(kp, slot, TileCoord&) -> false for a hole, or
+//              the dynamic deal of DynamicTileQueue (fwd_tile_scheduler.hpp);
 //   Mainloop   producer loads and consumer products and softmax: load(...), mma(...),
 //              pingpong_start/finish (fwd_mainloop.hpp); its Traits fix the tile;
 //   Epilogue   stores O and lse of a tile: operator()(...) and drain(tid) (fwd_epilogue.hpp);
@@ -19,6 +19,7 @@
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
 #include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/softmax.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
+    DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);
     cutlass::arch::fence_barrier_init();
   }
   typename Pipeline::Params pp;
@@ -86,9 +88,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   __syncthreads();
 
   // Producer and consumers walk the same slots and skip the same ones (holes; tiles without a
-  // visible key), so the Q barriers' phases (`work`) and the K/V ring stay in step.
+  // visible key), so the Q barriers' phases (`work`) and the K/V ring stay in step. The walk is
+  // the scheduler's static one, or (kp.tile_counter set) the one the producer thread takes from
+  // the counter and hands to the consumers through the tile queue.
   using Work = TileWork<Scheduler, kBlockM, kBlockN>;
   const int num_slots = Scheduler::num_slots(kp);
+  const bool dynamic = kp.tile_counter != nullptr;
 
   Mainloop mainloop;
   if (warp_group == 0) {
@@ -96,13 +101,28 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     if (warp == 0 && elected) {
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
       int work = 0;
-      for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
-           slot = Scheduler::next(kp, slot, gridDim.x)) {
+      auto produce = [&](int slot) {
         const Work w(kp, slot);
-        if (!w.has_work()) continue;
+        if (!w.has_work()) return;
         mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
                       pipeline_k, pipeline_v, ss);
         ++work;
+      };
+      if (dynamic) {
+        int slot = blockIdx.x;
+        for (int i = 0;; ++i) {
+          TileCoord t;
+          while (slot < num_slots && !Scheduler::tile(kp, slot, t))
+            slot = DynamicTileQueue::take(kp);
+          DynamicTileQueue::push(ss.tile_queue, i, slot);
+          if (slot >= num_slots) break;
+          produce(slot);
+          slot = DynamicTileQueue::take(kp);
+        }
+      } else {
+        for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
+             slot = Scheduler::next(kp, slot, gridDim.x))
+          produce(slot);
       }
     }
   } else {
@@ -112,10 +132,9 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     PipelineState state;  // consumer states start at phase 0
     int work = 0;
     Mainloop::pingpong_start(tid);
-    for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
-         slot = Scheduler::next(kp, slot, gridDim.x)) {
+    auto consume = [&](int slot) {
       const Work w(kp, slot);
-      if (!w.valid) continue;
+      if (!w.valid) return;
       typename Traits::TiledMmaPV mma_pv;
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
       clear(acc_o);
@@ -132,6 +151,17 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
       softmax.finalize(o_rc, kp.lse_scale, lse);
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
+    };
+    if (dynamic) {
+      for (int i = 0;; ++i) {
+        const int slot = DynamicTileQueue::pop(ss.tile_queue, i);
+        if (slot >= num_slots) break;
+        consume(slot);
+      }
+    } else {
+      for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
+           slot = Scheduler::next(kp, slot, gridDim.x))
+        consume(slot);
     }
     Mainloop::pingpong_finish(tid);
     epilogue.drain(tid);

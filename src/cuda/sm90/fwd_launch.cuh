@@ -51,6 +51,8 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                   tma_batches(p), p.out_stride),
         typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
+  if (kp.tile_counter != nullptr)
+    FLASHCPP_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
   const auto kernel = &fwd_kernel<FwdMainloop<Traits>, FwdEpilogue<Traits>, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(

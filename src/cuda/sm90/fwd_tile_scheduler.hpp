@@ -16,9 +16,19 @@
 // Varlen calls deal the same slots, sized by the longest sequence (num_m_blocks); a sequence
 // with fewer query tiles pairs its own tiles (m and M_b - 1 - m) and leaves the rest as holes.
 //
+// Varlen tiles differ in cost by their sequence's length (a static deal left CTAs 17-28% apart
+// on 8 random lengths), so a varlen call given a workspace deals them dynamically instead
+// (DynamicTileQueue below): each CTA starts at slot blockIdx.x and takes its next one from a
+// counter in global memory, in the same slot order, so CTAs running together still share a few
+// heads' K and V in L2; the imbalance left is at most one tile.
+//
 // The walk is stated in slots: unit u owns slots [u * kSlots, (u + 1) * kSlots). Everything
 // is recomputed from the kernel parameters (constant memory) instead of being kept in
 // registers across the main loop.
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
@@ -70,6 +80,49 @@ struct PersistentTileScheduler {
     }
     t.m_block = m_blocks - 1 - r;
     return r < m_blocks;
+  }
+};
+
+// The dynamic deal's hand-over from the producer thread, which takes the slots and skips the
+// holes, to the consumer warpgroups: a two-entry queue in shared memory, each entry guarded by
+// a "full" mbarrier (the producer's arrival) and an "empty" one (every consumer thread's). A
+// slot >= num_slots tells the consumers that the CTA's walk has ended.
+struct TileQueueStorage {
+  alignas(8) std::uint64_t full[2];
+  alignas(8) std::uint64_t empty[2];
+  int slot[2];
+};
+
+struct DynamicTileQueue {
+  using Barrier = cutlass::arch::ClusterBarrier;
+
+  // Once, by one thread, before the CTA's first __syncthreads.
+  __device__ static void init(TileQueueStorage& q, int consumer_threads) {
+    for (int b = 0; b < 2; ++b) {
+      Barrier::init(&q.full[b], 1);
+      Barrier::init(&q.empty[b], consumer_threads);
+    }
+  }
+  // The slot after a CTA's first (its blockIdx.x): the counter (zeroed before the launch)
+  // deals the slots from gridDim.x on.
+  __device__ static int take(const FwdKernelParams& kp) {
+    return int(gridDim.x) + atomicAdd(kp.tile_counter, 1);
+  }
+  // Producer: entry i of the walk. Entry i - 2 used the same buffer: wait until every consumer
+  // has read it.
+  __device__ static void push(TileQueueStorage& q, int i, int slot) {
+    const int b = i % 2;
+    if (i >= 2) Barrier::wait(&q.empty[b], (i / 2 - 1) & 1);
+    *reinterpret_cast<volatile int*>(&q.slot[b]) = slot;
+    Barrier::arrive(&q.full[b]);  // release: the slot is visible to whoever sees the phase
+  }
+  // Consumers: entry i of the walk.
+  __device__ static int pop(TileQueueStorage& q, int i) {
+    const int b = i % 2;
+    Barrier::wait(&q.full[b], (i / 2) & 1);
+    const int slot = *reinterpret_cast<volatile const int*>(&q.slot[b]);
+    Barrier::arrive(&q.empty[b]);
+    return slot;
   }
 };
 

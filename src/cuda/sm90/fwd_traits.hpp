@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -125,6 +126,7 @@ struct FwdTraits {
     // the tile's last S = Q K^T has completed and the next tile's Q may overwrite it.
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
+    TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
