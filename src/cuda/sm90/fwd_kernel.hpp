@@ -101,28 +101,26 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     if (warp == 0 && elected) {
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
       int work = 0;
-      auto produce = [&](int slot) {
+      // The dynamic walk: from a candidate slot, skip the holes and hand the slot (or the end)
+      // to the consumers.
+      int entry = 0;
+      auto publish = [&](int slot) {
+        if (!dynamic) return slot;
+        TileCoord t;
+        while (slot < num_slots && !Scheduler::tile(kp, slot, t))
+          slot = DynamicTileQueue::take(kp);
+        DynamicTileQueue::push(ss.tile_queue, entry++, slot);
+        return slot;
+      };
+      for (int slot = publish(dynamic ? int(blockIdx.x) : Scheduler::first(kp, blockIdx.x));
+           slot < num_slots;
+           slot = publish(dynamic ? DynamicTileQueue::take(kp)
+                                  : Scheduler::next(kp, slot, gridDim.x))) {
         const Work w(kp, slot);
-        if (!w.has_work()) return;
+        if (!w.has_work()) continue;
         mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
                       pipeline_k, pipeline_v, ss);
         ++work;
-      };
-      if (dynamic) {
-        int slot = blockIdx.x;
-        for (int i = 0;; ++i) {
-          TileCoord t;
-          while (slot < num_slots && !Scheduler::tile(kp, slot, t))
-            slot = DynamicTileQueue::take(kp);
-          DynamicTileQueue::push(ss.tile_queue, i, slot);
-          if (slot >= num_slots) break;
-          produce(slot);
-          slot = DynamicTileQueue::take(kp);
-        }
-      } else {
-        for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
-             slot = Scheduler::next(kp, slot, gridDim.x))
-          produce(slot);
       }
     }
   } else {
@@ -132,9 +130,16 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     PipelineState state;  // consumer states start at phase 0
     int work = 0;
     Mainloop::pingpong_start(tid);
-    auto consume = [&](int slot) {
+    int entry = 0;
+    auto next_slot = [&](int slot) {
+      return dynamic ? DynamicTileQueue::pop(ss.tile_queue, entry++)
+                     : Scheduler::next(kp, slot, gridDim.x);
+    };
+    for (int slot = dynamic ? DynamicTileQueue::pop(ss.tile_queue, entry++)
+                            : Scheduler::first(kp, blockIdx.x);
+         slot < num_slots; slot = next_slot(slot)) {
       const Work w(kp, slot);
-      if (!w.valid) return;
+      if (!w.valid) continue;
       typename Traits::TiledMmaPV mma_pv;
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
       clear(acc_o);
@@ -151,17 +156,6 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
       softmax.finalize(o_rc, kp.lse_scale, lse);
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
-    };
-    if (dynamic) {
-      for (int i = 0;; ++i) {
-        const int slot = DynamicTileQueue::pop(ss.tile_queue, i);
-        if (slot >= num_slots) break;
-        consume(slot);
-      }
-    } else {
-      for (int slot = Scheduler::first(kp, blockIdx.x); slot < num_slots;
-           slot = Scheduler::next(kp, slot, gridDim.x))
-        consume(slot);
     }
     Mainloop::pingpong_finish(tid);
     epilogue.drain(tid);
