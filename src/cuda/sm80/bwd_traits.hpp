@@ -44,7 +44,7 @@ constexpr std::size_t kA100SmemOptin = 163 * 1024;
 
 template <class T, int kHeadDim>
 struct BwdTraits {
-  static constexpr Sm80BwdTile kTile = sm80_bwd_tile(kHeadDim);
+  static constexpr Sm80BwdDqTile kTile = sm80_bwd_dq_tile(kHeadDim);
   static_assert(kTile.head_dim == kHeadDim, "each instantiated head dim has its tile row");
   static constexpr int kBlockM = kTile.block_m, kBlockN = kTile.block_n, kWarps = kTile.warps;
   static constexpr int kThreads = kWarps * 32;
