@@ -19,6 +19,7 @@
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
+#include "cuda/sm80/bwd_traits.hpp"  // ws_row
 #include "cuda/sm80/bwd_warp_gemm.hpp"
 #include "cuda/sm80/mma_ptx.hpp"
 
@@ -46,12 +47,6 @@ __device__ __forceinline__ void load_rows(Element* dst, const Element* src, std:
       dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
     }
   }
-}
-
-// Row of the dsum / lse_log2 / dq_accum workspace for (batch b, query head h, row i of the
-// sequence); seqlen_q is the (max) query length, so varlen sequences get disjoint rows.
-__device__ __forceinline__ std::int64_t main_ws_row(const BackwardParams& p, int b, int h, int i) {
-  return (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
 }
 
 template <class Element, int kTileIndex>
@@ -130,7 +125,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     const int m0 = m_block * BM;
     const Element* const sQ = smem + Tr::kOffQ + stage * QTile::kElems;
     const Element* const sdO = smem + Tr::kOffDO + stage * QTile::kElems;
-    const std::int64_t ws0 = main_ws_row(p, b, hq, 0);
+    const std::int64_t ws0 = ws_row(p, b, hq, 0);
 
     // lse_log2 and dsum of this thread's S rows (loaded before the barrier: their latency
     // hides behind it and the two products).
@@ -211,6 +206,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       cp_async_commit();
     }
   }
+
+  cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
 
   // dK * scale and dV straight from the accumulators; rows past the sequence's seqlen_k and
   // columns past the real head dim dropped. (2-byte stores: dk / dv may be any alignment.)

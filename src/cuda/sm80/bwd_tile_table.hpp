@@ -79,6 +79,23 @@ constexpr int sm80_bwd_tile_index_nth(int head_dim, int k) {
   return -1;
 }
 
+// Every head dim runs on every Ampere/Ada GPU: a row within 99 KB (sm86/sm89), and the rows of
+// a head dim go largest first (the launcher takes the first that fits).
+constexpr bool sm80_bwd_rows_cover_every_budget() {
+  for (int i = 0; i < kSm80BwdTileCount; ++i) {
+    const int d = kSm80BwdTiles[i].head_dim;
+    if (sm80_bwd_tile_index(d, 99 * 1024) < 0 || sm80_bwd_tile_index(d, 163 * 1024) < 0)
+      return false;
+    if (i > 0 && kSm80BwdTiles[i - 1].head_dim == d &&
+        sm80_bwd_smem_bytes(kSm80BwdTiles[i - 1]) <= sm80_bwd_smem_bytes(kSm80BwdTiles[i]))
+      return false;
+    if (i > 0 && kSm80BwdTiles[i - 1].head_dim > d) return false;  // head dims ascending
+  }
+  return true;
+}
+static_assert(sm80_bwd_rows_cover_every_budget(),
+              "each head dim: a row within 99 KB and one within 163 KB, largest first");
+
 // The deterministic dq kernel's tile (bwd_dq_kernel.hpp, WMMA): its CTA owns block_m query rows
 // and walks the key blocks of block_n keys. Shared memory (bwd_traits.hpp): Q, dO, K, V of
 // head_dim + 8 elements, P and dS, S and dP in fp32: d128 120.5 KB, d192 152.5 KB, d256 (32
