@@ -169,6 +169,15 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                                                                             sdO, kv_col0);
     warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
                                                                             sQ, kv_col0);
+    if constexpr (Tr::kQStages == 1) {
+      // One buffer: the next Q and dO load as soon as every warp is done with these (the dQ
+      // product below reads only dS and K), so it hides behind dQ at least.
+      if (i + 1 < n_steps) {
+        __syncthreads();
+        load_q_do(i + 1, 0);
+      }
+      cp_async_commit();
+    }
     if (atomic_dq) {
       // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
       // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
@@ -197,13 +206,6 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
               }
           }
       }
-    }
-    if constexpr (Tr::kQStages == 1) {
-      if (i + 1 < n_steps) {
-        __syncthreads();  // every warp is done with this step's Q and dO
-        load_q_do(i + 1, 0);
-      }
-      cp_async_commit();
     }
   }
 
