@@ -40,14 +40,16 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 // 163 KB on A100 (and H100/H200, which run the same rows), 99 KB on sm86/sm89.
 // Registers per thread (8 warps): dK + dV are 2 * block_n * head_dim / 256 floats, S + dP
 // 2 * block_m * block_n / 256 (d128 64x128: 128 + 64). The tiles follow FlashAttention-2's
-// sm80 choices where they fit 163 KB.
+// sm80 choices where they fit 163 KB. dQ with 2 warps along the queries (32 x D/4 per warp:
+// 4 ldmatrix per 8 mma.sync at d128, against 5 for 16 x D/2) where D/4 is a multiple of 16 and
+// it does not add spills (d128 64x128: 48 -> 72 bytes with it; d192, d256 keep 16-row chunks).
 inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
     {32, 64, 128, 8, 2, 2, 4, 4},   // 72 KB
-    {64, 64, 128, 8, 2, 2, 4, 4},   // 96 KB
+    {64, 64, 128, 8, 2, 2, 4, 2},   // 96 KB
     {96, 64, 128, 8, 2, 2, 4, 4},   // 136 KB
     {96, 64, 64, 8, 2, 2, 4, 4},    // 94 KB
     {128, 64, 128, 8, 2, 2, 4, 4},  // 160 KB
-    {128, 64, 64, 8, 1, 2, 4, 4},   // 80 KB
+    {128, 64, 64, 8, 1, 2, 4, 2},   // 80 KB
     {192, 64, 64, 8, 2, 2, 4, 4},   // 160 KB
     {192, 32, 64, 8, 1, 2, 4, 2},   // 80 KB
     {256, 64, 64, 8, 1, 2, 4, 4},   // 144 KB
