@@ -342,8 +342,9 @@ TEST_P(CudaBackwardSm80, EveryTileRow) {
 }
 
 // The main kernel's tile follows the shared-memory budget: on a GPU with at least 160 KB per
-// block, d128 takes the 64x128 row with two Q/dO buffers; FLASHCPP_SM80_SMEM_BUDGET=99 (or a
-// 99 KB GPU) gives the 64x64 row with one. The kernel name says which ran.
+// block, d128 takes the 64x128 row with two Q and two dO buffers; FLASHCPP_SM80_SMEM_BUDGET=99
+// (or a 99 KB GPU) gives the 64x64 row with two Q buffers and one dO buffer. The kernel name
+// says which ran.
 TEST_P(CudaBackwardSm80, TileFollowsSmemBudget) {
   int device = 0, optin = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
@@ -358,7 +359,8 @@ TEST_P(CudaBackwardSm80, TileFollowsSmemBudget) {
   const BwdResult r = check(c);
   if (r.not_built) return;
   const std::string kernel = r.info.kernel;
-  const char* expected = budget >= 160 * 1024 ? "_hdim128_64x128_8w_s2" : "_hdim128_64x64_8w_s1";
+  const char* expected =
+      budget >= 160 * 1024 ? "_hdim128_64x128_8w_q2do2" : "_hdim128_64x64_8w_q2do1";
   EXPECT_NE(kernel.find(expected), std::string::npos) << kernel << " (budget " << budget << " B)";
 }
 

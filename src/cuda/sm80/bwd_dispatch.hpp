@@ -39,7 +39,7 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
   return smallest_covering(kBwdKernels, p.dtype, p.head_dim);
 }
 
-// RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x128_8w_s2_deterministic": the main kernel's
+// RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x128_8w_q2do2_deterministic": the main kernel's
 // tile row for this device's shared-memory budget (bwd_smem_budget.hpp); "_nosmem" when no
 // row fits (the launch then throws, naming the bytes needed).
 inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic, int device) {
@@ -48,7 +48,8 @@ inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic, int d
   if (index >= 0) {
     const Sm80BwdTile t = kSm80BwdTiles[index];
     tile = std::to_string(t.block_m) + "x" + std::to_string(t.block_n) + "_" +
-           std::to_string(t.warps) + "w_s" + std::to_string(t.q_stages);
+           std::to_string(t.warps) + "w_q" + std::to_string(t.q_stages) + "do" +
+           std::to_string(t.do_stages);
   }
   return intern_name(std::string("sm80_bwd_") + dtype_name(k.dtype) + "_hdim" +
                      std::to_string(k.head_dim) + "_" + tile +

@@ -4,7 +4,8 @@
 // memory; the CTA walks the query heads of its KV head's group (GQA/MQA: dK and dV sum over
 // them in registers, no workspace) and, for each, the query blocks that can see its keys (the
 // mask policy's bounds, bottom-right aligned per sequence). Q and dO come in by cp.async, the
-// next block's while this one computes (kQStages = 2). Per query block:
+// next block's while this one computes (two buffers; with one, from the point this block has
+// finished with it). Per query block:
 //   S = Q K^T, dP = dO V^T                        (registers)
 //   P, dS                                         (registers, bwd_p_ds.hpp; to shared memory)
 //   dV += P^T dO,  dK += dS^T Q                   (registers; written once at the end)
@@ -13,6 +14,7 @@
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
@@ -86,21 +88,24 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                            p.v_stride.row, rows_k, D, kp.vec8);
   cp_async_commit();
 
-  // Q and dO of step i into buffer `stage`.
-  auto load_q_do = [&](int i, int stage) {
+  // Q (kQ) or dO (!kQ) of step i into its buffer `stage`.
+  auto load_q_or_do = [&](auto is_q, int i, int stage) {
+    constexpr bool kQ = decltype(is_q)::value;
     const int hq = hk * group + i / n_m;
     const int m0 = (m_range.begin + i % n_m) * BM;
     const int rows_q = sq - m0 < BM ? sq - m0 : BM;
-    load_rows<Tr, QTile, BM>(smem + Tr::kOffQ + stage * QTile::kElems,
-                             static_cast<const Element*>(p.q) +
-                                 seq.offset(p.q_stride, seq.batch_q, seq.row_q + m0, hq),
-                             p.q_stride.row, rows_q, D, kp.vec8);
-    load_rows<Tr, QTile, BM>(smem + Tr::kOffDO + stage * QTile::kElems,
-                             static_cast<const Element*>(p.dout) +
-                                 seq.offset(p.dout_stride, seq.batch_q, seq.row_q + m0, hq),
-                             p.dout_stride.row, rows_q, D, kp.vec8);
+    const Strides& st = kQ ? p.q_stride : p.dout_stride;
+    load_rows<Tr, QTile, BM>(smem + (kQ ? Tr::kOffQ : Tr::kOffDO) + stage * QTile::kElems,
+                             static_cast<const Element*>(kQ ? p.q : p.dout) +
+                                 seq.offset(st, seq.batch_q, seq.row_q + m0, hq),
+                             st.row, rows_q, D, kp.vec8);
   };
-  if (n_steps > 0) load_q_do(0, 0);
+  constexpr std::true_type kIsQ{};
+  constexpr std::false_type kIsDo{};
+  if (n_steps > 0) {
+    load_q_or_do(kIsQ, 0, 0);
+    load_q_or_do(kIsDo, 0, 0);
+  }
   cp_async_commit();
 
   // This warp's tile origin in each product's output.
@@ -119,12 +124,13 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
   for (int i = 0; i < n_steps; ++i) {
-    const int stage = Tr::kQStages == 2 ? (i & 1) : 0;
+    const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
+    const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
     const int hq = hk * group + i / n_m;
     const int m_block = m_range.begin + i % n_m;
     const int m0 = m_block * BM;
-    const Element* const sQ = smem + Tr::kOffQ + stage * QTile::kElems;
-    const Element* const sdO = smem + Tr::kOffDO + stage * QTile::kElems;
+    const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
+    const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
 
     // lse_log2 and dsum of this thread's S rows (loaded before the barrier: their latency
@@ -141,10 +147,12 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
 
     cp_async_wait<0>();  // this step's Q and dO (and, the first time, K and V) landed
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
-    if constexpr (Tr::kQStages == 2) {
-      if (i + 1 < n_steps) load_q_do(i + 1, stage ^ 1);
-      cp_async_commit();
+    // Two buffers: the next block's loads go to the one step i - 1 read.
+    if (i + 1 < n_steps) {
+      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, i + 1, q_stage ^ 1);
+      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
     }
+    cp_async_commit();
 
     float acc_s[Tr::kSdpMT][Tr::kSdpNT][4], acc_dp[Tr::kSdpMT][Tr::kSdpNT][4];
     clear_acc(acc_s);
@@ -169,12 +177,13 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                                                                             sdO, kv_col0);
     warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
                                                                             sQ, kv_col0);
-    if constexpr (Tr::kQStages == 1) {
-      // One buffer: the next Q and dO load as soon as every warp is done with these (the dQ
-      // product below reads only dS and K), so it hides behind dQ at least.
+    if constexpr (Tr::kQStages == 1 || Tr::kDoStages == 1) {
+      // One buffer: the next block's load as soon as every warp is done with this one (the
+      // dQ product below reads only dS and K), so it hides behind dQ at least.
       if (i + 1 < n_steps) {
         __syncthreads();
-        load_q_do(i + 1, 0);
+        if constexpr (Tr::kQStages == 1) load_q_or_do(kIsQ, i + 1, 0);
+        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
       }
       cp_async_commit();
     }

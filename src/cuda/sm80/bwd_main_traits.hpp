@@ -43,7 +43,9 @@ struct BwdMainTraits {
   static constexpr int kWarps = kTile.warps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kQStages = kTile.q_stages;
+  static constexpr int kDoStages = kTile.do_stages;
   static_assert(kQStages == 1 || kQStages == 2);
+  static_assert(kDoStages == 1 || kDoStages == 2);
 
   // Every product's warp tile is MT m16 rows x NT n8 columns; NT is even because one
   // ldmatrix.x4 feeds two n8 columns of B.
@@ -72,13 +74,13 @@ struct BwdMainTraits {
   static constexpr int kDqChunkNT = kDqNT % 8 == 0 ? 8 : kDqNT % 6 == 0 ? 6 : kDqNT % 4 == 0 ? 4 : 2;
   static_assert(kDqNT % kDqChunkNT == 0 && kDqChunkNT % 2 == 0);
 
-  // Shared memory, in elements: Q[stages] | dO[stages] | K | V | P | dS.
+  // Shared memory, in elements: Q[kQStages] | dO[kDoStages] | K | V | P | dS.
   using QTile = SmemMatrix<kBlockM, kHeadDim>;   // Q and dO
   using KTile = SmemMatrix<kBlockN, kHeadDim>;   // K and V
   using PTile = SmemMatrix<kBlockM, kBlockN>;    // P and dS (queries x keys)
   static constexpr int kOffQ = 0;
   static constexpr int kOffDO = kOffQ + kQStages * QTile::kElems;
-  static constexpr int kOffK = kOffDO + kQStages * QTile::kElems;
+  static constexpr int kOffK = kOffDO + kDoStages * QTile::kElems;
   static constexpr int kOffV = kOffK + KTile::kElems;
   static constexpr int kOffP = kOffV + KTile::kElems;
   static constexpr int kOffDS = kOffP + PTile::kElems;

@@ -6,8 +6,10 @@
 namespace flashcpp::detail::cuda {
 
 // One tile of the main backward kernel (bwd_kernel.hpp): a CTA owns block_n keys (K and V
-// resident in shared memory) and walks the query blocks of block_m rows, q_stages buffers of
-// Q and dO deep (2: the next block's loads land during this block's products).
+// resident in shared memory) and walks the query blocks of block_m rows with q_stages buffers
+// of Q and do_stages of dO (2: the next block's load is issued before this block's products;
+// 1: after the last product that reads the buffer, dK += dS^T Q or dV += P^T dO, so it hides
+// behind dQ += dS K only).
 // The warps split each product's output tile as a grid:
 //   S, dP   (block_m x block_n):  sdp_warps_m along the queries, warps / sdp_warps_m along keys;
 //   dK, dV  (block_n x head_dim): dkv_warps_n along the keys, the rest along the head dim;
@@ -17,7 +19,8 @@ struct Sm80BwdTile {
   int block_m;
   int block_n;
   int warps;
-  int q_stages;  // 1 or 2
+  int q_stages;   // 1 or 2
+  int do_stages;  // 1 or 2
   int sdp_warps_m;
   int dkv_warps_n;
   int dq_warps_m;
@@ -28,10 +31,10 @@ struct Sm80BwdTile {
 // 8 different bank groups).
 constexpr int sm80_bwd_smem_row_elems(int cols) { return cols % 64 == 0 ? cols : cols + 8; }
 
-// Q and dO (q_stages each), K and V, P and dS, 2-byte elements.
+// Q (q_stages) and dO (do_stages), K and V, P and dS, 2-byte elements.
 constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
   const int ld = sm80_bwd_smem_row_elems(t.head_dim);
-  return 2 * (2 * t.q_stages * t.block_m * ld + 2 * t.block_n * ld +
+  return 2 * ((t.q_stages + t.do_stages) * t.block_m * ld + 2 * t.block_n * ld +
               2 * t.block_m * sm80_bwd_smem_row_elems(t.block_n));
 }
 
@@ -44,16 +47,16 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 // 4 ldmatrix per 8 mma.sync at d128, against 5 for 16 x D/2) where D/4 is a multiple of 16 and
 // it does not add spills (d128 64x128: 48 -> 72 bytes with it; d192, d256 keep 16-row chunks).
 inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
-    {32, 64, 128, 8, 2, 2, 4, 4},   // 72 KB
-    {64, 64, 128, 8, 2, 2, 4, 2},   // 96 KB
-    {96, 64, 128, 8, 2, 2, 4, 4},   // 136 KB
-    {96, 64, 64, 8, 2, 2, 4, 4},    // 94 KB
-    {128, 64, 128, 8, 2, 2, 4, 4},  // 160 KB
-    {128, 64, 64, 8, 1, 2, 4, 2},   // 80 KB
-    {192, 64, 64, 8, 2, 2, 4, 4},   // 160 KB
-    {192, 32, 64, 8, 1, 2, 4, 2},   // 80 KB
-    {256, 64, 64, 8, 1, 2, 4, 4},   // 144 KB
-    {256, 32, 32, 4, 1, 2, 2, 2},   // 69 KB
+    {32, 64, 128, 8, 2, 2, 2, 4, 4},   // 72 KB
+    {64, 64, 128, 8, 2, 2, 2, 4, 2},   // 96 KB
+    {96, 64, 128, 8, 2, 2, 2, 4, 4},   // 136 KB
+    {96, 64, 64, 8, 2, 2, 2, 4, 4},    // 94 KB
+    {128, 64, 128, 8, 2, 2, 2, 4, 4},  // 160 KB
+    {128, 64, 64, 8, 2, 1, 2, 4, 2},   // 96 KB
+    {192, 64, 64, 8, 2, 2, 2, 4, 4},   // 160 KB
+    {192, 32, 64, 8, 2, 1, 2, 4, 2},   // 92 KB
+    {256, 64, 64, 8, 1, 1, 2, 4, 4},   // 144 KB
+    {256, 32, 32, 4, 2, 1, 2, 2, 2},   // 85 KB
 };
 inline constexpr int kSm80BwdTileCount = int(sizeof(kSm80BwdTiles) / sizeof(kSm80BwdTiles[0]));
 
