@@ -400,7 +400,7 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
   const sm80::BwdKernel* k = sm80::find_bwd_kernel(params);
   if (!k) throw unbuilt_backward_error(params, sm90);
   plan.backend = Backend::cuda_sm80;
-  plan.kernel = sm80::bwd_kernel_name(*k, params.deterministic);
+  plan.kernel = sm80::bwd_kernel_name(*k, params.deterministic, params.device);
   plan.kernel_index = int(k - sm80::kBwdKernels);
   return log_plan("backward", params, plan);
 }

@@ -294,9 +294,9 @@ TEST_P(CudaBackwardSm80, VarlenWithEmptySequences) {
   check(c);
 }
 
-// Head dims beyond 128 (d192: 64-row query blocks, 152.5 KB of shared memory; d256: 32-row
-// blocks, 125.3 KB) and head dims that run zero-padded in a larger instantiation (96 in the
-// d96 one or, without it, the next larger; 160 in d192 or d256), Nq != Nk both ways.
+// Head dims beyond 128 (d192 and d256: 64-key CTAs, sm80/bwd_tile_table.hpp) and head dims
+// that run zero-padded in a larger instantiation (96 in the d96 one or, without it, the next
+// larger; 160 in d192 or d256), Nq != Nk both ways.
 TEST_P(CudaBackwardSm80, LargeAndPaddedHeadDims) {
   check_sweep(base(), {DType::bf16, DType::fp16}, {96, 160, 192, 256},
               {{1, 1}, {113, 203}, {203, 113}});
@@ -318,6 +318,50 @@ TEST_P(CudaBackwardSm80, LargeAndPaddedHeadDims) {
   c.Nq = c.Nk = 1000;
   c.causal = true;
   check(c);
+}
+
+// Every tile row of the main kernel (sm80/bwd_tile_table.hpp): each instantiated head dim,
+// causal or not, lengths that cut query and key blocks of every row's sizes (1, 113, 203, 257,
+// 300), GQA 4/2, both dtypes. Run as is on a large GPU it covers the 163 KB rows; the ctest
+// entry cuda_backward_sm80_smem99 runs it again with FLASHCPP_SM80_SMEM_BUDGET=99 (the sm86 /
+// sm89 rows).
+TEST_P(CudaBackwardSm80, EveryTileRow) {
+  for (int d : {32, 64, 96, 128, 192, 256})
+    for (auto [nq, nk] : Lengths{{1, 1}, {113, 203}, {257, 300}, {300, 129}})
+      for (bool causal : {false, true}) {
+        BwdCase c = base();
+        c.dtype = d == 96 || d == 192 ? DType::fp16 : DType::bf16;
+        c.D = d;
+        c.Hq = 4;
+        c.Hkv = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.causal = causal;
+        check(c);
+      }
+}
+
+// The main kernel's tile follows the shared-memory budget: on a GPU with at least 160 KB per
+// block, d128 takes the 64x128 row with two Q and two dO buffers; FLASHCPP_SM80_SMEM_BUDGET=99
+// (or a 99 KB GPU) gives the 64x64 row with two Q buffers and one dO buffer. The kernel name
+// says which ran.
+TEST_P(CudaBackwardSm80, TileFollowsSmemBudget) {
+  int device = 0, optin = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+            cudaSuccess);
+  const char* env = std::getenv("FLASHCPP_SM80_SMEM_BUDGET");
+  int budget = optin;
+  if (env != nullptr && *env != '\0' && std::atoi(env) * 1024 < budget) budget = std::atoi(env) * 1024;
+  BwdCase c = base();
+  c.D = 128;
+  c.Nq = c.Nk = 200;
+  const BwdResult r = check(c);
+  if (r.not_built) return;
+  const std::string kernel = r.info.kernel;
+  const char* expected =
+      budget >= 160 * 1024 ? "_hdim128_64x128_8w_q2do2" : "_hdim128_64x64_8w_q2do1";
+  EXPECT_NE(kernel.find(expected), std::string::npos) << kernel << " (budget " << budget << " B)";
 }
 
 // ---- sm90 ---------------------------------------------------------------------------------------

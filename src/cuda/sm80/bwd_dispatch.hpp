@@ -11,6 +11,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/sm80/bwd_smem_budget.hpp"
 #include "cuda/sm80/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
@@ -38,12 +39,20 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
   return smallest_covering(kBwdKernels, p.dtype, p.head_dim);
 }
 
-// RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x64_8w_deterministic".
-inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic) {
-  const Sm80BwdTile t = sm80_bwd_tile(k.head_dim);
+// RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x128_8w_q2do2_deterministic": the main kernel's
+// tile row for this device's shared-memory budget (bwd_smem_budget.hpp); "_nosmem" when no
+// row fits (the launch then throws, naming the bytes needed).
+inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic, int device) {
+  const int index = sm80_bwd_tile_index(k.head_dim, sm80_bwd_smem_budget(device));
+  std::string tile = "nosmem";
+  if (index >= 0) {
+    const Sm80BwdTile t = kSm80BwdTiles[index];
+    tile = std::to_string(t.block_m) + "x" + std::to_string(t.block_n) + "_" +
+           std::to_string(t.warps) + "w_q" + std::to_string(t.q_stages) + "do" +
+           std::to_string(t.do_stages);
+  }
   return intern_name(std::string("sm80_bwd_") + dtype_name(k.dtype) + "_hdim" +
-                     std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
-                     std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
+                     std::to_string(k.head_dim) + "_" + tile +
                      (deterministic ? "_deterministic" : ""));
 }
 

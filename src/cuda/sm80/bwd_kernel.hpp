@@ -1,31 +1,71 @@
 #pragma once
-// The sm80 backward's main kernel (FlashAttention-2 algorithm): one CTA per (key block of
-// kBlockN keys, KV head, batch), padded or varlen. K and V stay in shared memory; the CTA
-// loops over the query heads of its KV head's group (GQA/MQA: dK and dV sum over them in
-// registers, no workspace) and, for each, over the query blocks that can see its keys (the
-// mask policy's bounds, bottom-right aligned per sequence), recomputing S, P, dP, dS
-// (bwd_tile_math.hpp) and accumulating
-//     dV += P^T dO,  dK += dS^T Q                 (registers; written once at the end)
-//     dQ_accum += dS K                            (fp32 atomicAdd; skipped when deterministic,
+// The sm80 backward's main kernel (FlashAttention-2 algorithm on mma.sync m16n8k16): one CTA
+// per (key block of kBlockN keys, KV head, batch), padded or varlen. K and V stay in shared
+// memory; the CTA walks the query heads of its KV head's group (GQA/MQA: dK and dV sum over
+// them in registers, no workspace) and, for each, the query blocks that can see its keys (the
+// mask policy's bounds, bottom-right aligned per sequence). Q and dO come in by cp.async, the
+// next block's while this one computes (two buffers; with one, from the point this block has
+// finished with it). Per query block:
+//   S = Q K^T, dP = dO V^T                        (registers)
+//   P, dS                                         (registers, bwd_p_ds.hpp; to shared memory)
+//   dV += P^T dO,  dK += dS^T Q                   (registers; written once at the end)
+//   dQ_accum += dS K                              (fp32 atomics; skipped when deterministic,
 //                                                  where bwd_dq_kernel.hpp computes dQ)
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
-#include "cuda/sm80/bwd_tile_math.hpp"
-#include "cuda/sm80/bwd_traits.hpp"
+#include "cuda/sm80/bwd_main_traits.hpp"
+#include "cuda/sm80/bwd_p_ds.hpp"
+#include "cuda/sm80/bwd_traits.hpp"  // ws_row
+#include "cuda/sm80/bwd_warp_gemm.hpp"
+#include "cuda/sm80/mma_ptx.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
+// Rows [0, rows) x cols [0, cols) of a kRows x kHeadDim global tile into shared matrix Mat,
+// the rest zero-filled, so padding rows and columns contribute exactly 0 (and garbage or NaN
+// past a sequence never reaches a product). vec8: 16-byte cp.async chunks (wait with
+// cp_async_wait); otherwise element loads, visible after the next barrier.
+template <class Tr, class Mat, int kRows, class Element>
+__device__ __forceinline__ void load_rows(Element* dst, const Element* src, std::int64_t row_stride,
+                                          int rows, int cols, bool vec8) {
+  constexpr int kChunks = kRows * Tr::kChunksPerRow;
+  if (vec8) {
+#pragma unroll
+    for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+      const int idx = it * Tr::kThreads + int(threadIdx.x);
+      const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
+      const bool valid = r < rows && c < cols;
+      cp_async_16(dst + Mat::offset(r, c), valid ? src + r * row_stride + c : src, valid);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * Tr::kHeadDim; idx += Tr::kThreads) {
+      const int r = idx / Tr::kHeadDim, c = idx % Tr::kHeadDim;
+      dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
+    }
+  }
+}
+
+template <class Element, int kTileIndex>
+__global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 1)
     bwd_main(const BwdKernelParams kp) {
-  using Tr = BwdTraits<T, kHeadDim>;
+  using Tr = BwdMainTraits<Element, kTileIndex>;
+  using QTile = typename Tr::QTile;
+  using KTile = typename Tr::KTile;
+  using PTile = typename Tr::PTile;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   const BackwardParams& p = kp.p;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const BwdSmem<Tr, T> sm(smem);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* const smem = reinterpret_cast<Element*>(smem_raw);
+  Element* const sK = smem + Tr::kOffK;
+  Element* const sV = smem + Tr::kOffV;
+  Element* const sP = smem + Tr::kOffP;
+  Element* const sdS = smem + Tr::kOffDS;
 
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const SeqlenInfo seq(p, b);
@@ -36,116 +76,172 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
   const int rows_k = sk - n0 < BN ? sk - n0 : BN;
   const WindowMask mask(sq, sk, p.window_left, p.window_right);
   const BlockRange m_range = mask.m_blocks(n_block, BN, BM);
-
-  const T* kbase = static_cast<const T*>(p.k) +
-                   seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk);
-  const T* vbase = static_cast<const T*>(p.v) +
-                   seq.offset(p.v_stride, seq.batch_k, seq.row_k + n0, hk);
-  load_tile<Tr, BN>(sm.k, kbase, p.k_stride.row, rows_k, D, kp.vec8);
-  load_tile<Tr, BN>(sm.v, vbase, p.v_stride.row, rows_k, D, kp.vec8);
-
-  const int warp = threadIdx.x / 32;
-  // dK, dV: key-row tile warp % 4, head-dim tiles (warp / 4) * kColTiles + c.
-  const int rt = warp % 4, cbase = (warp / 4) * Tr::kColTiles;
-  AccFrag acc_dk[Tr::kColTiles], acc_dv[Tr::kColTiles];
-#pragma unroll
-  for (int c = 0; c < Tr::kColTiles; ++c) {
-    wmma::fill_fragment(acc_dk[c], 0.f);
-    wmma::fill_fragment(acc_dv[c], 0.f);
-  }
-
+  const int n_m = m_range.end > m_range.begin ? m_range.end - m_range.begin : 0;
   const int group = p.heads_q / p.heads_kv;
-  const bool atomic_dq = !p.deterministic;  // uniform over the grid
-  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
-    const std::int64_t row_base = ws_row(p, b, hq, 0);
-    for (int m_block = m_range.begin; m_block < m_range.end; ++m_block) {
-      const int m0 = m_block * BM;
-      const int rows_q = sq - m0 < BM ? sq - m0 : BM;
-      __syncthreads();  // the previous iteration's readers of Q, dO, P, dS and staging are done
-      const T* qbase = static_cast<const T*>(p.q) +
-                       seq.offset(p.q_stride, seq.batch_q, seq.row_q + m0, hq);
-      const T* gbase = static_cast<const T*>(p.dout) +
-                       seq.offset(p.dout_stride, seq.batch_q, seq.row_q + m0, hq);
-      load_tile<Tr, BM>(sm.q, qbase, p.q_stride.row, rows_q, D, kp.vec8);
-      load_tile<Tr, BM>(sm.dout, gbase, p.dout_stride.row, rows_q, D, kp.vec8);
-      for (int t = threadIdx.x; t < BM; t += Tr::kThreads) {
-        sm.lse[t] = t < rows_q ? kp.lse_log2[row_base + m0 + t] : INFINITY;
-        sm.dsum[t] = t < rows_q ? kp.dsum[row_base + m0 + t] : 0.f;
-      }
-      __syncthreads();
-      s_dp_products<Tr>(sm);
-      __syncthreads();
-      p_ds<Tr, true>(kp, mask, m0, n0, sq, sm);
-      __syncthreads();
+  const int n_steps = group * n_m;  // (query head, query block) pairs, head-major
 
-      // dV += P^T dO, dK += dS^T Q (A operands read transposed: column-major views of P, dS).
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> pt, dst;
-        wmma::load_matrix_sync(pt, sm.p + kk * 16 * Tr::kLdP + rt * 16, Tr::kLdP);
-        wmma::load_matrix_sync(dst, sm.ds + kk * 16 * Tr::kLdP + rt * 16, Tr::kLdP);
-#pragma unroll
-        for (int c = 0; c < Tr::kColTiles; ++c) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bm;
-          wmma::load_matrix_sync(bm, sm.dout + kk * 16 * Tr::kLd + (cbase + c) * 16, Tr::kLd);
-          wmma::mma_sync(acc_dv[c], pt, bm, acc_dv[c]);
-          wmma::load_matrix_sync(bm, sm.q + kk * 16 * Tr::kLd + (cbase + c) * 16, Tr::kLd);
-          wmma::mma_sync(acc_dk[c], dst, bm, acc_dk[c]);
-        }
-      }
-      if (!atomic_dq) continue;
-      // dQ (this key block's part) = dS K, a column chunk at a time, staged in fp32 where S
-      // and dP were (dead since the barrier above), then added to dq_accum.
-      float* dq_rows = kp.dq_accum + (row_base + m0) * D;
-#pragma unroll 1
-      for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
-        const int c0 = chunk * Tr::kDqChunkCols;
-        if (chunk > 0) __syncthreads();  // the previous chunk's atomics have read the staging
-        constexpr int kColT = Tr::kDqChunkCols / 16;
-#pragma unroll
-        for (int c = 0; c < Tr::kDqChunkTiles / Tr::kWarps; ++c) {
-          const int t = warp + c * Tr::kWarps;
-          const int qrt = t / kColT, ct = t % kColT;
-          AccFrag acc_q;
-          wmma::fill_fragment(acc_q, 0.f);
-          dq_tile<Tr>(sm, qrt, c0 + ct * 16, acc_q);
-          wmma::store_matrix_sync(sm.dq_stage + qrt * 16 * Tr::kLdDq + ct * 16, acc_q,
-                                  Tr::kLdDq, wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < BM * Tr::kDqChunkCols; idx += Tr::kThreads) {
-          const int i = idx / Tr::kDqChunkCols, d = idx % Tr::kDqChunkCols;
-          if (i < rows_q && c0 + d < D)
-            atomicAdd(dq_rows + std::int64_t(i) * D + c0 + d, sm.dq_stage[i * Tr::kLdDq + d]);
-        }
-      }
-    }
-  }
+  load_rows<Tr, KTile, BN>(sK, static_cast<const Element*>(p.k) +
+                                   seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk),
+                           p.k_stride.row, rows_k, D, kp.vec8);
+  load_rows<Tr, KTile, BN>(sV, static_cast<const Element*>(p.v) +
+                                   seq.offset(p.v_stride, seq.batch_k, seq.row_k + n0, hk),
+                           p.v_stride.row, rows_k, D, kp.vec8);
+  cp_async_commit();
 
-  // Epilogue: dK * scale and dV through the fp32 staging (the whole buffer, dead now), rows
-  // past the sequence's seqlen_k dropped.
-  T* dk = static_cast<T*>(p.dk) + seq.offset(p.dk_stride, seq.batch_k, seq.row_k + n0, hk);
-  T* dv = static_cast<T*>(p.dv) + seq.offset(p.dv_stride, seq.batch_k, seq.row_k + n0, hk);
-#pragma unroll
-  for (int c = 0; c < Tr::kColTiles; ++c) {
-#pragma unroll
-    for (int e = 0; e < acc_dk[c].num_elements; ++e) acc_dk[c].x[e] *= p.scale;
-  }
-  // One call per array (not a runtime select between them, which put both in local memory).
-  auto write_rows = [&](const AccFrag (&acc)[Tr::kColTiles], T* dst, std::int64_t rs) {
-    __syncthreads();
-#pragma unroll
-    for (int c = 0; c < Tr::kColTiles; ++c)
-      wmma::store_matrix_sync(sm.end_stage + rt * 16 * Tr::kLdA + (cbase + c) * 16, acc[c],
-                              Tr::kLdA, wmma::mem_row_major);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < BN * kHeadDim; idx += Tr::kThreads) {
-      const int r = idx / kHeadDim, d = idx % kHeadDim;
-      if (r < rows_k && d < D) dst[r * rs + d] = from_f<T>(sm.end_stage[r * Tr::kLdA + d]);
-    }
+  // Q (kQ) or dO (!kQ) of step i into its buffer `stage`.
+  auto load_q_or_do = [&](auto is_q, int i, int stage) {
+    constexpr bool kQ = decltype(is_q)::value;
+    const int hq = hk * group + i / n_m;
+    const int m0 = (m_range.begin + i % n_m) * BM;
+    const int rows_q = sq - m0 < BM ? sq - m0 : BM;
+    const Strides& st = kQ ? p.q_stride : p.dout_stride;
+    load_rows<Tr, QTile, BM>(smem + (kQ ? Tr::kOffQ : Tr::kOffDO) + stage * QTile::kElems,
+                             static_cast<const Element*>(kQ ? p.q : p.dout) +
+                                 seq.offset(st, seq.batch_q, seq.row_q + m0, hq),
+                             st.row, rows_q, D, kp.vec8);
   };
-  write_rows(acc_dk, dk, p.dk_stride.row);
-  write_rows(acc_dv, dv, p.dv_stride.row);
+  constexpr std::true_type kIsQ{};
+  constexpr std::false_type kIsDo{};
+  if (n_steps > 0) {
+    load_q_or_do(kIsQ, 0, 0);
+    load_q_or_do(kIsDo, 0, 0);
+  }
+  cp_async_commit();
+
+  // This warp's tile origin in each product's output.
+  const int warp = threadIdx.x / 32;
+  const int s_row0 = warp % Tr::kSdpWarpsM * Tr::kSdpRows;
+  const int s_col0 = warp / Tr::kSdpWarpsM * Tr::kSdpCols;
+  const int kv_row0 = warp % Tr::kDkvWarpsN * Tr::kDkvRows;
+  const int kv_col0 = warp / Tr::kDkvWarpsN * Tr::kDkvCols;
+  const int q_row0 = warp % Tr::kDqWarpsM * Tr::kDqRows;
+  const int q_col0 = warp / Tr::kDqWarpsM * Tr::kDqCols;
+
+  float acc_dk[Tr::kDkvMT][Tr::kDkvNT][4], acc_dv[Tr::kDkvMT][Tr::kDkvNT][4];
+  clear_acc(acc_dk);
+  clear_acc(acc_dv);
+  const bool softcap = p.softcap > 0.f;
+  const bool atomic_dq = !p.deterministic;  // uniform over the grid
+
+  for (int i = 0; i < n_steps; ++i) {
+    const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
+    const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
+    const int hq = hk * group + i / n_m;
+    const int m_block = m_range.begin + i % n_m;
+    const int m0 = m_block * BM;
+    const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
+    const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
+    const std::int64_t ws0 = ws_row(p, b, hq, 0);
+
+    // lse_log2 and dsum of this thread's S rows (loaded before the barrier: their latency
+    // hides behind it and the two products).
+    float lse[Tr::kSdpMT][2], dsum[Tr::kSdpMT][2];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kSdpMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + s_row0 + acc_row(mt, h);
+        lse[mt][h] = row < sq ? kp.lse_log2[ws0 + row] : INFINITY;
+        dsum[mt][h] = row < sq ? kp.dsum[ws0 + row] : 0.f;
+      }
+
+    cp_async_wait<0>();  // this step's Q and dO (and, the first time, K and V) landed
+    __syncthreads();     // ... for every thread; every warp is done with step i - 1
+    // Two buffers: the next block's loads go to the one step i - 1 read.
+    if (i + 1 < n_steps) {
+      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, i + 1, q_stage ^ 1);
+      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
+    }
+    cp_async_commit();
+
+    float acc_s[Tr::kSdpMT][Tr::kSdpNT][4], acc_dp[Tr::kSdpMT][Tr::kSdpNT][4];
+    clear_acc(acc_s);
+    clear_acc(acc_dp);
+    warp_gemm<Element, Tr::kSdpMT, Tr::kSdpNT, Tr::kHeadDim, QTile, false, KTile, false>(
+        acc_s, sQ, s_row0, sK, s_col0);
+    warp_gemm<Element, Tr::kSdpMT, Tr::kSdpNT, Tr::kHeadDim, QTile, false, KTile, false>(
+        acc_dp, sdO, s_row0, sV, s_col0);
+    if (softcap)
+      p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
+    else
+      p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
+    if (!mask.tile_unmasked(m_block, BM, n_block, BN))
+      mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
+    store_acc<PTile>(sP, acc_s, s_row0, s_col0);
+    store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
+    __syncthreads();  // P and dS of the whole block are in shared memory
+
+    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
+    // (stored [query][d] = [k][n]: .trans).
+    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dv, sP, kv_row0,
+                                                                            sdO, kv_col0);
+    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
+                                                                            sQ, kv_col0);
+    if constexpr (Tr::kQStages == 1 || Tr::kDoStages == 1) {
+      // One buffer: the next block's load as soon as every warp is done with this one (the
+      // dQ product below reads only dS and K), so it hides behind dQ at least.
+      if (i + 1 < n_steps) {
+        __syncthreads();
+        if constexpr (Tr::kQStages == 1) load_q_or_do(kIsQ, i + 1, 0);
+        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
+      }
+      cp_async_commit();
+    }
+    if (atomic_dq) {
+      // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
+      // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
+      // sequence and columns past the real head dim are not written.
+      float* const dq_rows = kp.dq_accum + ws0 * D;
+#pragma unroll
+      for (int chunk = 0; chunk < Tr::kDqNT / Tr::kDqChunkNT; ++chunk) {
+        const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
+        float acc_dq[Tr::kDqMT][Tr::kDqChunkNT][4];
+        clear_acc(acc_dq);
+        warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
+            acc_dq, sdS, q_row0, sK, col0);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kDqMT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = m0 + q_row0 + acc_row(mt, h);
+            if (row >= sq) continue;
+            float* const dq_row = dq_rows + std::int64_t(row) * D;
+#pragma unroll
+            for (int nt = 0; nt < Tr::kDqChunkNT; ++nt)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                const int col = col0 + acc_col(nt, e2);
+                if (col < D) atomicAdd(dq_row + col, acc_dq[mt][nt][2 * h + e2]);
+              }
+          }
+      }
+    }
+  }
+
+  cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
+
+  // dK * scale and dV straight from the accumulators; rows past the sequence's seqlen_k and
+  // columns past the real head dim dropped. (2-byte stores: dk / dv may be any alignment.)
+  Element* const dk = static_cast<Element*>(p.dk) +
+                      seq.offset(p.dk_stride, seq.batch_k, seq.row_k + n0, hk);
+  Element* const dv = static_cast<Element*>(p.dv) +
+                      seq.offset(p.dv_stride, seq.batch_k, seq.row_k + n0, hk);
+#pragma unroll
+  for (int mt = 0; mt < Tr::kDkvMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = kv_row0 + acc_row(mt, h);
+      if (row >= rows_k) continue;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kDkvNT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int col = kv_col0 + acc_col(nt, e2);
+          if (col >= D) continue;
+          dk[row * p.dk_stride.row + col] = Element(acc_dk[mt][nt][2 * h + e2] * p.scale);
+          dv[row * p.dv_stride.row + col] = Element(acc_dv[mt][nt][2 * h + e2]);
+        }
+    }
 }
 
 }  // namespace flashcpp::detail::cuda::sm80::bwd

@@ -1,7 +1,8 @@
 #pragma once
-// Compile-time shape of one sm80 backward instantiation (from the tile table in
-// sm80/bwd_tile_table.hpp), its shared-memory carve-up, and the small helpers every backward
-// kernel shares: dtype conversion, tile loads, workspace row index.
+// Compile-time shape of the deterministic dq kernel (WMMA, bwd_dq_kernel.hpp; its tile is
+// kSm80BwdDqTiles in sm80/bwd_tile_table.hpp), its shared-memory carve-up, and the small
+// helpers it and the pre/post passes share: dtype conversion, tile loads, workspace row index.
+// The main kernel's shape is bwd_main_traits.hpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,35 +45,24 @@ constexpr std::size_t kA100SmemOptin = 163 * 1024;
 
 template <class T, int kHeadDim>
 struct BwdTraits {
-  static constexpr Sm80BwdTile kTile = sm80_bwd_tile(kHeadDim);
+  static constexpr Sm80BwdDqTile kTile = sm80_bwd_dq_tile(kHeadDim);
   static_assert(kTile.head_dim == kHeadDim, "each instantiated head dim has its tile row");
   static constexpr int kBlockM = kTile.block_m, kBlockN = kTile.block_n, kWarps = kTile.warps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDim = kHeadDim;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "sm80 backward: head dim 32..256, /32");
-  // dK/dV accumulators: 4 key-row tiles x 2 head-dim halves over the 8 warps.
-  static_assert(kBlockN == 64 && kWarps == 8, "dK/dV split assumes 64 keys and 8 warps");
+  static_assert(kBlockN == 64 && kWarps == 8, "S tiles: 64 keys over 8 warps");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 64, "query block: 16..64 rows, /16");
-  static constexpr int kColTiles = kHeadDim / 16 / 2;  // dK/dV head-dim tiles per warp
 
   static constexpr int kLd = kHeadDim + 8;   // Q, dO, K, V tiles (elements)
   static constexpr int kLdS = kBlockN + 4;   // S, dP (fp32)
   static constexpr int kLdP = kBlockN + 8;   // P, dS (elements)
-  static constexpr int kLdA = kHeadDim + 4;  // fp32 staging of dK / dV / deterministic dQ
+  static constexpr int kLdA = kHeadDim + 4;  // fp32 staging of dQ
 
   // S and dP: (kBlockM / 16) x (kBlockN / 16) WMMA tiles, the same count per warp.
   static constexpr int kSTiles = (kBlockM / 16) * (kBlockN / 16);
   static_assert(kSTiles % kWarps == 0, "S tiles divide over the warps");
   static constexpr int kSTilesPerWarp = kSTiles / kWarps;
-
-  // The atomic dQ of the main kernel is staged in fp32 where S and dP were, a column chunk
-  // at a time: at most 128 columns fit (kBlockM x (128 + 4) <= 2 x kBlockM x (64 + 4)).
-  static constexpr int kDqChunks = (kHeadDim + 127) / 128;
-  static constexpr int kDqChunkCols = kHeadDim / kDqChunks;
-  static_assert(kHeadDim % kDqChunks == 0 && kDqChunkCols % 16 == 0, "dQ chunks of 16s");
-  static constexpr int kLdDq = kDqChunkCols + 4;
-  static constexpr int kDqChunkTiles = (kBlockM / 16) * (kDqChunkCols / 16);
-  static_assert(kDqChunkTiles % kWarps == 0, "dQ chunk tiles divide over the warps");
 
   // The deterministic dq kernel keeps all of dQ (kBlockM x kHeadDim) in registers.
   static constexpr int kDqTiles = (kBlockM / 16) * (kHeadDim / 16);
@@ -99,11 +89,7 @@ struct BwdTraits {
                     kSBytes % 128 == 0,
                 "buffers stay 128-byte aligned");
 
-  static_assert(std::size_t(kBlockM) * kLdDq * sizeof(float) <= 2 * kSBytes,
-                "a dQ chunk stages in S + dP");
-  // The end-of-kernel staging (dK, dV: kBlockN rows; deterministic dQ: kBlockM rows) reuses
-  // the whole buffer, dead by then.
-  static_assert(std::size_t(kBlockN) * kLdA * sizeof(float) <= kSmemBytes, "dK/dV staging fits");
+  // The end-of-kernel staging of dQ reuses the whole buffer, dead by then.
   static_assert(std::size_t(kBlockM) * kLdA * sizeof(float) <= kSmemBytes, "dQ staging fits");
   static_assert(kSmemBytes <= kA100SmemOptin, "fits an A100's 163 KB opt-in");
 };
@@ -113,8 +99,7 @@ template <class Tr, class T>
 struct BwdSmem {
   T *q, *dout, *k, *v, *p, *ds;
   float *s, *dp, *lse, *dsum;
-  float* dq_stage;   // a dQ column chunk, over S and dP (dead once P and dS exist)
-  float* end_stage;  // dK / dV / dQ at the end of a kernel, over everything
+  float* end_stage;  // dQ at the end of the kernel, over everything
   __device__ __forceinline__ explicit BwdSmem(unsigned char* base)
       : q(reinterpret_cast<T*>(base + Tr::kOffQ)),
         dout(reinterpret_cast<T*>(base + Tr::kOffDO)),
@@ -126,7 +111,6 @@ struct BwdSmem {
         dp(reinterpret_cast<float*>(base + Tr::kOffDP)),
         lse(reinterpret_cast<float*>(base + Tr::kOffLse)),
         dsum(reinterpret_cast<float*>(base + Tr::kOffDsum)),
-        dq_stage(reinterpret_cast<float*>(base + Tr::kOffS)),
         end_stage(reinterpret_cast<float*>(base)) {}
 };
 
