@@ -4,6 +4,7 @@ flashcpp result and a float64 computation, forward and backward (test_distribute
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -144,11 +145,12 @@ def run_cases(rank, world_size, seed):
     return [run_case(case, rank, world_size, seed + i) for i, case in enumerate(CASES)]
 
 
-def raise_on_last_rank(rank, world_size):
+def raise_on_last_rank(rank, world_size, linger_s=0.0):
     """The last rank fails before attention; the others must give up, not hang."""
     from flashcpp import distributed as cp
 
     if rank == world_size - 1:
+        time.sleep(linger_s)  # alive but absent: the others must time out, not wait forever
         raise RuntimeError("this rank fails on purpose")
     x = torch.randn(1, 8 * world_size, 2, 16)
     shard = cp.shard_sequence(x, rank, world_size)

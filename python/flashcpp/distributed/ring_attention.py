@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import torch as _custom_ops  # noqa: F401 - registers torch.ops.flashcpp
 from .._native import Error
 from .block_plan import Call, mask_bounds, plan_calls
 from .merge import merge_partial
