@@ -52,10 +52,12 @@ def check_close(ring, single, exact, dtype, what):
     assert err <= bound, f"{what}: ring error {err:.3g} > bound {bound:.3g}"
 
 
-def _inputs(case, seed):
+def _inputs(case, seed, world_size):
     g = torch.Generator().manual_seed(seed)
     dtype = case.get("dtype", torch.float32)
     hq, hkv, d = case["heads"][0], case["heads"][1], case["d"]
+    if case.get("method") == "ulysses":  # heads per rank
+        hq, hkv = hq * world_size, hkv * world_size
     lead = (case["total"],) if "cu" in case else (case["batch"], case["n"])
     shapes = [lead + (hq, d), lead + (hkv, d), lead + (hkv, d), lead + (hq, d)]
     q, k, v, dout = (torch.randn(s, generator=g, dtype=torch.float64).to(dtype)
@@ -72,7 +74,7 @@ def run_case(case, rank, world_size, seed):
     layout = case.get("layout", "zigzag")
     options = dict(causal=case.get("causal", False), window=case.get("window", (-1, -1)),
                    softcap=case.get("softcap", 0.0))
-    q, k, v, dout = _inputs(case, seed)
+    q, k, v, dout = _inputs(case, seed, world_size)
     dtype = q.dtype
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     if "cu" in case:
@@ -109,7 +111,8 @@ def run_case(case, rank, world_size, seed):
         def gather(t):
             return cp.gather_sequence(t.contiguous(), layout=layout, seq_len=n)
 
-        run = lambda a, b, c: cp.ring_attention(a, b, c, layout=layout, seq_len=n, **options)
+        attend = cp.ulysses_attention if case.get("method") == "ulysses" else cp.ring_attention
+        run = lambda a, b, c: attend(a, b, c, layout=layout, seq_len=n, **options)
 
     single.backward(dout)
     exact.backward(dout.double())
@@ -138,6 +141,10 @@ CASES = [
          causal=True),
     dict(name="varlen-window", cu=[0, 11, 30], total=30, heads=(2, 2), d=16, window=(4, 1),
          layout="contiguous"),
+    dict(name="ulysses-causal-gqa", method="ulysses", batch=2, n=21, heads=(2, 1), d=16,
+         causal=True),
+    dict(name="ulysses-window-contiguous-bf16", method="ulysses", batch=1, n=3, heads=(1, 1),
+         d=16, window=(2, 0), softcap=3.0, layout="contiguous", dtype=torch.bfloat16),
 ]
 
 

@@ -22,6 +22,7 @@ from .sharding import (
     unshard_sequence,
     unshard_varlen,
 )
+from .ulysses import ulysses_attention
 
 __all__ = [
     "gather_sequence",
@@ -33,5 +34,6 @@ __all__ = [
     "shard_sequence",
     "shard_varlen",
     "unshard_sequence",
+    "ulysses_attention",
     "unshard_varlen",
 ]
