@@ -13,7 +13,7 @@ instead. Which to pick when: docs/context_parallel.md.
 """
 
 from .merge import merge_partial, merged_lse
-from .ring_attention import ring_attention, ring_attention_varlen
+from .ring import ring_attention, ring_attention_varlen
 from .sharding import (
     gather_sequence,
     local_cu_seqlens,

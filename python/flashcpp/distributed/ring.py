@@ -141,12 +141,9 @@ def _kv_like(t: Tensor, rows: int, dtype=None) -> Tensor:
 def _ring_forward(q, k, v, schedule: _Schedule, o: _Options) -> Tuple[Tensor, Tensor]:
     ring, world = schedule.ring, schedule.ring.world_size
     rows_dim = q.dim() - 3
-    single = [e for step in schedule.steps for e in step]
-    if world == 1 and len(single) == 1 and (
-            not isinstance(single[0], Call)
-            or (single[0].q1 - single[0].q0, single[0].k1 - single[0].k0) ==
-            (q.shape[rows_dim], k.shape[rows_dim])):
-        return _block_forward(single[0], q, k, v, o)  # one call: nothing to merge
+    single = _single_call(schedule, q, k)
+    if single is not None:  # plain flashcpp: nothing to merge
+        return _block_forward(single, q, k, v, o)
     heads, rows = q.shape[-2], q.shape[rows_dim]
     out_acc = q.new_zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.float32)
     lse_acc = q.new_full(q.shape[:rows_dim] + (heads, rows), float("-inf"),
@@ -168,9 +165,25 @@ def _ring_forward(q, k, v, schedule: _Schedule, o: _Options) -> Tuple[Tensor, Te
     return out_acc.to(q.dtype), lse_acc
 
 
+def _single_call(schedule: _Schedule, q: Tensor, k: Tensor):
+    """The one call of a world of one rank that covers every row and key, or None."""
+    calls = schedule.steps[0] if schedule.ring.world_size == 1 else []
+    if len(calls) != 1:
+        return None
+    rows_dim = q.dim() - 3
+    entry = calls[0]
+    if isinstance(entry, Call) and (entry.q1 - entry.q0, entry.k1 - entry.k0) != (
+            q.shape[rows_dim], k.shape[rows_dim]):
+        return None
+    return entry
+
+
 def _ring_backward(dout, q, k, v, out, lse, schedule: _Schedule, o: _Options):
     ring, world = schedule.ring, schedule.ring.world_size
     rows_dim = q.dim() - 3
+    single = _single_call(schedule, q, k)
+    if single is not None:  # plain flashcpp: nothing to add up
+        return _block_backward(single, dout, q, k, v, out, lse, o)
     dq_acc = torch.zeros_like(q, dtype=torch.float32)
     k_held, v_held = k.contiguous(), v.contiguous()
     pending_grads = None
