@@ -34,7 +34,9 @@ def merge_partial(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) ->
     """Merges the partial result (out, lse) into (out_acc, lse_acc), in place (float32
     accumulators; out [..., N, H, Dv] with lse [..., H, N], as flashcpp returns them)."""
     lse_new = merged_lse(lse_acc, lse)
-    reference = _finite_or_zero(lse_new)
-    out_acc.mul_(_per_row(torch.exp(lse_acc - reference)))
-    out_acc.add_(out.to(out_acc.dtype) * _per_row(torch.exp(lse - reference)))
+    weight = torch.exp(lse - _finite_or_zero(lse_new))  # the new part's share, in [0, 1]
+    # The two shares add up to 1, so out_acc + weight (out - out_acc) is the weighted sum, in
+    # one pass over out_acc (this runs once per ring step on the whole shard). Where both lse
+    # are -inf, weight is 0 and out_acc stays 0.
+    out_acc.lerp_(out.to(out_acc.dtype), _per_row(weight))
     lse_acc.copy_(lse_new)
