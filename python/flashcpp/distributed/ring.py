@@ -15,9 +15,11 @@ at their owner after the last step.
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .. import torch as _custom_ops  # noqa: F401 - registers torch.ops.flashcpp
@@ -50,6 +52,12 @@ class _Schedule:
     def held(self, step: int) -> int:
         """The rank whose K/V shard this rank holds at `step`."""
         return (self.ring.rank - step) % self.ring.world_size
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_padded_schedule(group, world_size, rank, seq_len, layout, left, right):
+    # world_size and rank are part of the key: a default group created anew may differ
+    return _padded_schedule(Ring(group), seq_len, layout, left, right)
 
 
 def _padded_schedule(ring, seq_len, layout, left, right) -> _Schedule:
@@ -286,10 +294,12 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, *, causal: bool 
     the group must call it with the same options and shapes (other than N_local).
     """
     left, right = _check_shards(q, k, v, 4, layout, window)
-    ring = Ring(group)
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if seq_len is None:
-        seq_len = q.shape[1] * ring.world_size
-    schedule = _padded_schedule(ring, int(seq_len), layout, *mask_bounds(causal, (left, right)))
+        seq_len = q.shape[1] * world_size
+    schedule = _cached_padded_schedule(group, world_size, rank, int(seq_len), layout,
+                                       *mask_bounds(causal, (left, right)))
+    ring = schedule.ring
     _check_length(q, schedule.kv_lengths[ring.rank], ring, f"layout {layout} of {seq_len} rows")
     out, lse = _RingAttention.apply(q, k, v, schedule,
                                     _Options(softmax_scale, softcap, backend, deterministic))
