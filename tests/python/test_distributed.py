@@ -119,7 +119,8 @@ def test_merge_of_two_key_halves_is_exact_and_nan_free():
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_attention_matches_single_process(world_size):
     names = assert_all_ok(run_ranks(_ring_cases.run_cases, world_size, 100 * world_size))
-    assert names[0] == [case["name"] for case in _ring_cases.CASES]
+    expected = [case["name"] for case in _ring_cases.CASES]
+    assert names[0] == expected + (["compiled"] if world_size == 2 else [])
 
 
 def test_a_failing_rank_leaves_no_rank_hung():

@@ -15,7 +15,6 @@ at their owner after the last step.
 
 from __future__ import annotations
 
-import functools
 from typing import List, Optional, Tuple
 
 import torch
@@ -54,10 +53,21 @@ class _Schedule:
         return (self.ring.rank - step) % self.ring.world_size
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_padded_schedule(group, world_size, rank, seq_len, layout, left, right):
-    # world_size and rank are part of the key: a default group created anew may differ
-    return _padded_schedule(Ring(group), seq_len, layout, left, right)
+_SCHEDULES: dict = {}
+
+
+@torch.compiler.disable  # host-side planning: torch.compile runs it as it is
+def _cached_padded_schedule(group, seq_len, layout, left, right) -> "_Schedule":
+    # world size and rank are part of the key: a default group created anew may differ
+    key = (group, dist.get_world_size(group), dist.get_rank(group), seq_len, layout, left,
+           right)
+    schedule = _SCHEDULES.get(key)
+    if schedule is None:
+        if len(_SCHEDULES) >= 64:
+            _SCHEDULES.clear()
+        schedule = _SCHEDULES[key] = _padded_schedule(Ring(group), seq_len, layout, left,
+                                                      right)
+    return schedule
 
 
 def _padded_schedule(ring, seq_len, layout, left, right) -> _Schedule:
@@ -69,6 +79,7 @@ def _padded_schedule(ring, seq_len, layout, left, right) -> _Schedule:
     return _Schedule(ring, steps, lengths, None)
 
 
+@torch.compiler.disable  # host-side planning: torch.compile runs it as it is
 def _varlen_schedule(ring, cu_seqlens, layout, left, right, device) -> _Schedule:
     world, rank = ring.world_size, ring.rank
     segments = [varlen_shard_segments(cu_seqlens, r, world, layout) for r in range(world)]
@@ -294,10 +305,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, *, causal: bool 
     the group must call it with the same options and shapes (other than N_local).
     """
     left, right = _check_shards(q, k, v, 4, layout, window)
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if seq_len is None:
-        seq_len = q.shape[1] * world_size
-    schedule = _cached_padded_schedule(group, world_size, rank, int(seq_len), layout,
+        seq_len = q.shape[1] * dist.get_world_size(group)
+    schedule = _cached_padded_schedule(group, int(seq_len), layout,
                                        *mask_bounds(causal, (left, right)))
     ring = schedule.ring
     _check_length(q, schedule.kv_lengths[ring.rank], ring, f"layout {layout} of {seq_len} rows")
