@@ -171,8 +171,28 @@ def compiled_matches_eager(rank, world_size):
     return "compiled"
 
 
+def random_cases(seed):
+    """Two cases of random shape and options (the same on every rank: seeded)."""
+    import random
+
+    pick = random.Random(seed)
+    hkv = pick.choice([1, 2])
+    options = dict(heads=(hkv * pick.choice([1, 2]), hkv), d=8 * pick.randint(1, 4),
+                   causal=pick.random() < 0.6, layout=pick.choice(["zigzag", "contiguous"]),
+                   window=pick.choice([(-1, -1), (pick.randint(0, 12), -1),
+                                       (pick.randint(0, 6), pick.randint(0, 6))]))
+    padded = dict(options, name="random", batch=pick.randint(1, 2), n=pick.randint(1, 40))
+    lengths = [pick.randint(0, 20) for _ in range(pick.randint(1, 4))]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    varlen = dict(options, name="random-varlen", cu=cu, total=cu[-1])
+    return [padded, varlen]
+
+
 def run_cases(rank, world_size, seed):
-    names = [run_case(case, rank, world_size, seed + i) for i, case in enumerate(CASES)]
+    cases = CASES + random_cases(seed)
+    names = [run_case(case, rank, world_size, seed + i) for i, case in enumerate(cases)]
     if world_size == 2:  # once is enough: compiling costs seconds
         names.append(compiled_matches_eager(rank, world_size))
     return names
