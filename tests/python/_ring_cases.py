@@ -190,11 +190,37 @@ def random_cases(seed):
     return [padded, varlen]
 
 
+def subgroup_matches_single(rank, world_size):
+    """Ring attention on a group of ranks 1 and 3 of four (the ring's neighbours are global
+    ranks 3 and 1), with the other ranks idle."""
+    import torch.distributed as dist
+
+    import flashcpp.torch as fa
+    from flashcpp import distributed as cp
+
+    group = dist.new_group([1, 3])
+    if rank not in (1, 3):
+        return "idle"
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(1, 22, 2, 16, generator=g, dtype=torch.float64).float()
+               for _ in range(3))
+    mine = dist.get_rank(group)
+    out = cp.ring_attention(*(cp.shard_sequence(t, mine, 2) for t in (q, k, v)), group,
+                            causal=True, window=(7, -1))
+    gathered = cp.gather_sequence(out, group)
+    single = fa.attention(q, k, v, causal=True, window=(7, -1))
+    exact = exact_attention(q, k, v, causal=True, window=(7, -1))
+    check_close(gathered, single, exact, torch.float32, "subgroup out")
+    return "subgroup"
+
+
 def run_cases(rank, world_size, seed):
     cases = CASES + random_cases(seed)
     names = [run_case(case, rank, world_size, seed + i) for i, case in enumerate(cases)]
     if world_size == 2:  # once is enough: compiling costs seconds
         names.append(compiled_matches_eager(rank, world_size))
+    if world_size == 4:
+        names.append(subgroup_matches_single(rank, world_size))
     return names
 
 

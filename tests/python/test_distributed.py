@@ -120,7 +120,8 @@ def test_merge_of_two_key_halves_is_exact_and_nan_free():
 def test_ring_attention_matches_single_process(world_size):
     names = assert_all_ok(run_ranks(_ring_cases.run_cases, world_size, 100 * world_size))
     expected = [case["name"] for case in _ring_cases.CASES] + ["random", "random-varlen"]
-    assert names[0] == expected + (["compiled"] if world_size == 2 else [])
+    extra = {2: ["compiled"], 3: [], 4: ["subgroup"]}[world_size]
+    assert names[1] == expected + extra
 
 
 def test_a_failing_rank_leaves_no_rank_hung():
