@@ -27,7 +27,7 @@ from .block_plan import Call, mask_bounds, plan_calls
 from .merge import merge_partial
 from .ring_comm import Ring
 from .sharding import check_layout, shard_segments, varlen_shard_segments
-from .varlen_calls import VarlenCall, pack_varlen_calls
+from .varlen_calls import pack_varlen_calls
 
 
 class _Options:
@@ -157,6 +157,19 @@ def _kv_like(t: Tensor, rows: int, dtype=None) -> Tensor:
     return t.new_empty(shape, dtype=dtype)
 
 
+def _single_call(schedule: _Schedule, q: Tensor, k: Tensor):
+    """The one call of a world of one rank that covers every row and key, or None."""
+    calls = schedule.steps[0] if schedule.ring.world_size == 1 else []
+    if len(calls) != 1:
+        return None
+    rows_dim = q.dim() - 3
+    entry = calls[0]
+    if isinstance(entry, Call) and (entry.q1 - entry.q0, entry.k1 - entry.k0) != (
+            q.shape[rows_dim], k.shape[rows_dim]):
+        return None
+    return entry
+
+
 def _ring_forward(q, k, v, schedule: _Schedule, o: _Options) -> Tuple[Tensor, Tensor]:
     ring, world = schedule.ring, schedule.ring.world_size
     rows_dim = q.dim() - 3
@@ -182,19 +195,6 @@ def _ring_forward(q, k, v, schedule: _Schedule, o: _Options) -> Tuple[Tensor, Te
         if pending is not None:
             k_held, v_held = pending.wait()
     return out_acc.to(q.dtype), lse_acc
-
-
-def _single_call(schedule: _Schedule, q: Tensor, k: Tensor):
-    """The one call of a world of one rank that covers every row and key, or None."""
-    calls = schedule.steps[0] if schedule.ring.world_size == 1 else []
-    if len(calls) != 1:
-        return None
-    rows_dim = q.dim() - 3
-    entry = calls[0]
-    if isinstance(entry, Call) and (entry.q1 - entry.q0, entry.k1 - entry.k0) != (
-            q.shape[rows_dim], k.shape[rows_dim]):
-        return None
-    return entry
 
 
 def _ring_backward(dout, q, k, v, out, lse, schedule: _Schedule, o: _Options):
