@@ -16,7 +16,7 @@ _MINUS_INF = float("-inf")
 
 
 def _finite_or_zero(x: Tensor) -> Tensor:
-    return torch.where(x == _MINUS_INF, torch.zeros((), dtype=x.dtype, device=x.device), x)
+    return torch.where(x == _MINUS_INF, 0.0, x)
 
 
 def merged_lse(lse_a: Tensor, lse_b: Tensor) -> Tensor:

@@ -228,7 +228,8 @@ def _ring_backward(dout, q, k, v, out, lse, schedule: _Schedule, o: _Options):
             incoming = schedule.kv_lengths[schedule.held(step + 1)]
             pending_grads = ring.shift(
                 [dk_part, dv_part],
-                [_kv_like(k, incoming, torch.float32), _kv_like(v, incoming, torch.float32)])
+                [_kv_like(k, incoming, torch.float32), _kv_like(v, incoming, torch.float32)],
+                first_tag=2)  # in flight together with the next K/V shift
         else:
             dk_mine, dv_mine = dk_part, dv_part
         if pending_kv is not None:

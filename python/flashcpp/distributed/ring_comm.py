@@ -39,10 +39,13 @@ class Ring:
         self.next_rank = dist.get_global_rank(whole, (self.rank + 1) % self.world_size)
         self.prev_rank = dist.get_global_rank(whole, (self.rank - 1) % self.world_size)
 
-    def shift(self, send: Sequence[Tensor], receive: List[Tensor]) -> PendingShift:
-        """Sends send[i] to the next rank and receives receive[i] from the previous one."""
+    def shift(self, send: Sequence[Tensor], receive: List[Tensor],
+              first_tag: int = 0) -> PendingShift:
+        """Sends send[i] to the next rank and receives receive[i] from the previous one.
+        Shifts in flight at the same time need tags of their own (first_tag + i; gloo matches
+        by tag, NCCL by order)."""
         ops = []
-        for tag, (out, into) in enumerate(zip(send, receive)):
+        for tag, (out, into) in enumerate(zip(send, receive), start=first_tag):
             if out.numel():
                 ops.append(dist.P2POp(dist.isend, out, self.next_rank, self.group, tag))
             if into.numel():
