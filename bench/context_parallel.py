@@ -103,7 +103,7 @@ class _LocalRing:
     def __init__(self, ring):
         self.world_size, self.rank = ring.world_size, ring.rank
 
-    def shift(self, send, receive):
+    def shift(self, send, receive, first_tag=0):
         received = list(send)
 
         class _Done:
