@@ -5,6 +5,8 @@
 #
 #   scripts/gpu_workflow.sh OUT_DIR [STAGE ...]
 #   stages: build test sanitize python bench decode ladder   (default: all, in that order)
+#           cp: the context-parallel benchmark at world size 1 over NCCL (ring_attention's
+#               overhead over plain flashcpp; not in the default list)
 #
 # Logs go to OUT_DIR/logs/<stage>.log, benchmark output to OUT_DIR/bench, OUT_DIR/decode and
 # OUT_DIR/ladder, and OUT_DIR/summary.txt gets one line per stage; the summary and the
@@ -12,7 +14,8 @@
 # GPU machine).
 # Environment: BENCH_ARGS (extra flags for bench/sdpa_compare.py, e.g. "--quick"),
 # DECODE_ARGS (extra flags for bench/decode_compare.py; its default grid takes ~1-2 minutes),
-# SANITIZE_FILTER (gtest filter for compute-sanitizer), BUILD_DIR (default build/gpu).
+# SANITIZE_FILTER (gtest filter for compute-sanitizer), BUILD_DIR (default build/gpu),
+# CP_ARGS (extra flags for bench/context_parallel.py; default lengths 32k, 64k, 128k).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -75,6 +78,13 @@ stage_bench() {
 
 stage_decode() {
   PYTHONPATH="$root/$build/python" "$python" bench/decode_compare.py --out "$out/decode" ${DECODE_ARGS:-}
+}
+
+stage_cp() {
+  mkdir -p "$out/cp"
+  PYTHONPATH="$root/$build/python" "$python" -m torch.distributed.run --standalone \
+    --nproc_per_node 1 bench/context_parallel.py --seqlens 32k,64k,128k --reps 20 \
+    --json "$out/cp/world1.json" ${CP_ARGS:-}
 }
 
 stage_ladder() {
