@@ -54,14 +54,16 @@ struct FwdEpilogue {
     // Varlen: a warpgroup whose 64 rows run past the sequence's end stores from registers; a
     // TMA store would write those rows into the next sequence's (only the packed tensor's end
     // clips).
-    if constexpr (Traits::kTmaStoreO) {
-      const int rows_left = seq.seqlen_q - tile.m_block * kBlockM - tid / 128 * 64;
-      if (!params.kp.p.is_varlen() || rows_left >= 64) {
+    if constexpr (Traits::kTmaStoreO && !Traits::kVarlen) {
+      store_o_tma(params, seq, tile, acc_o, ss, tid);
+    } else if constexpr (Traits::kTmaStoreO) {
+      if (seq.seqlen_q - tile.m_block * kBlockM - tid / 128 * 64 >= 64)
         store_o_tma(params, seq, tile, acc_o, ss, tid);
-        return;
-      }
+      else
+        store_o_registers(params.kp, seq, tile, acc_o, tid);
+    } else {
+      store_o_registers(params.kp, seq, tile, acc_o, tid);
     }
-    store_o_registers(params.kp, seq, tile, acc_o, tid);
   }
 
   // Before the CTA exits: its last TMA stores must have finished reading shared memory.

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   // the counter and hands to the consumers through the tile queue.
   using Work = TileWork<Scheduler, kBlockM, kBlockN>;
   const int num_slots = Scheduler::num_slots(kp);
-  const bool dynamic = kp.tile_counter != nullptr;
+  const bool dynamic = Traits::kVarlen && kp.tile_counter != nullptr;
 
   Mainloop mainloop;
   if (warp_group == 0) {

@@ -21,11 +21,12 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-template <class Element, int kHeadDim>
-void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
+template <class Traits>
+void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
-  using Traits = FwdTraits<Element, kHeadDim>;
-  using Scheduler = PersistentTileScheduler<Traits::kBlockM>;
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using Scheduler = PersistentTileScheduler<Traits::kBlockM, Traits::kVarlen>;
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
   params.kp = kp;
@@ -72,6 +73,15 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const unsigned grid = unsigned(units < sms ? units : sms);
   kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+// Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen).
+template <class Element, int kHeadDim>
+void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
+  if (kp.p.is_varlen())
+    launch_fwd<FwdTraits<Element, kHeadDim, true>>(kp, stream);
+  else
+    launch_fwd<FwdTraits<Element, kHeadDim, false>>(kp, stream);
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -204,9 +204,11 @@ struct FwdMainloop {
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
     // so they are zeroed before the block's P V (padded calls load zeros there).
-    if (kp.p.is_varlen() && (n + 1) * kBlockN > seq.seqlen_k) {
-      pipeline_v.consumer_wait(v_state);
-      zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
+    if constexpr (Traits::kVarlen) {
+      if ((n + 1) * kBlockN > seq.seqlen_k) {
+        pipeline_v.consumer_wait(v_state);
+        zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
+      }
     }
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----

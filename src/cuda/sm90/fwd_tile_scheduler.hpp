@@ -35,7 +35,7 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-template <int kBlockM>
+template <int kBlockM, bool kVarlen>
 struct PersistentTileScheduler {
   __host__ __device__ static bool paired(const FwdKernelParams& kp) {
     return kp.p.window_left >= 0 || kp.p.window_right >= 0;
@@ -70,9 +70,9 @@ struct PersistentTileScheduler {
     t.split = 0;
     t.head = head_batch % kp.p.heads_q;
     t.batch = head_batch / kp.p.heads_q;
-    const int m_blocks = kp.p.is_varlen()
-                             ? (SeqlenInfo(kp.p, t.batch).seqlen_q + kBlockM - 1) / kBlockM
-                             : kp.num_m_blocks;
+    int m_blocks = kp.num_m_blocks;
+    if constexpr (kVarlen)
+      m_blocks = (SeqlenInfo(kp.p, t.batch).seqlen_q + kBlockM - 1) / kBlockM;
     if (paired(kp)) {
       const int pair = r / 2;
       t.m_block = r % 2 == 0 ? m_blocks - 1 - pair : pair;
