@@ -259,7 +259,7 @@ TEST_P(CudaBackwardSm80, DeterministicBitwiseAndCorrect) {
 // Varlen (cu_seqlens): sequences of different lengths, one with no queries (its keys get
 // dk = dv = 0) and one with no keys (its queries get dq = 0), sequences spanning several key
 // and query blocks, Nq != Nk per sequence; causal or not, GQA and MHA, both dtypes.
-TEST_P(CudaBackwardSm80, VarlenWithEmptySequences) {
+TEST_P(CudaBackward, VarlenWithEmptySequences) {
   const std::vector<std::pair<std::vector<int>, std::vector<int>>> lengths = {
       {{17, 0, 130, 1, 64}, {40, 5, 130, 0, 300}},
       {{300, 65, 0, 129}, {257, 700, 64, 1}},
@@ -292,6 +292,29 @@ TEST_P(CudaBackwardSm80, VarlenWithEmptySequences) {
   c.wr = 5;
   c.softcap = 5.f;
   check(c);
+}
+
+// Varlen lengths around the tile sizes at each sm90 head dim (and d96, zero-padded), keys
+// longer and shorter than queries, causal, a window, softcap and GQA 4/2: sequences end
+// mid-block, so key and query blocks reach into their neighbours' rows.
+TEST_P(CudaBackward, VarlenMixedLengths) {
+  struct Options { bool causal; int wl, wr; float softcap; };
+  const Options options[] = {{false, -1, -1, 0.f}, {true, -1, -1, 0.f}, {false, 100, 7, 0.f},
+                             {true, -1, -1, 30.f}};
+  for (int d : {64, 96, 128, 256})
+    for (const Options& opt : options) {
+      BwdCase c = base();
+      c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
+      c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.D = d;
+      c.causal = opt.causal;
+      c.wl = opt.wl;
+      c.wr = opt.wr;
+      c.softcap = opt.softcap;
+      check(c);
+    }
 }
 
 // Head dims beyond 128 (d192 and d256: 64-key CTAs, sm80/bwd_tile_table.hpp) and head dims

@@ -20,6 +20,19 @@ struct SeqlenInfo {
   std::int64_t batch_q;    // b (padded) or 0 (varlen): multiplies the batch strides
   std::int64_t batch_k;
 
+  SeqlenInfo() = default;
+
+  // Sequence b of a call a kernel instantiation knows to be padded: the compiler sees the zero
+  // row offsets (the general constructor keeps both cases live in registers).
+  __device__ __forceinline__ static SeqlenInfo padded(const ForwardParams& p, int b) {
+    SeqlenInfo s;
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    s.row_q = s.row_k = 0;
+    s.batch_q = s.batch_k = b;
+    return s;
+  }
+
   __device__ __forceinline__ SeqlenInfo(const ForwardParams& p, int b) {
     if (p.cu_seqlens_q != nullptr) {
       clamp_rows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.total_rows_q, p.seqlen_q, row_q,

@@ -3,11 +3,12 @@
 // instantiations this build has, whether a call is covered, and the kernel names reported in
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
-// Not covered (the planner sends these to the sm80 backward): varlen, deterministic, Nq = 0,
+// Not covered (the planner sends these to the sm80 backward): deterministic, Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
 // base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
 // post-pass and the epilogue read and write in element pairs).
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -51,13 +52,15 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
 // True when the sm90 backward main kernel can run this call.
 inline bool bwd_covers(const BackwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || p.is_varlen() || p.deterministic) return false;
+  if (p.head_dim_v != p.head_dim || p.deterministic) return false;
+  if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
   // dk, dv.
   if (p.seqlen_q <= 0) return false;
   // dq, dk and dv take paired (4-byte) stores: an even head dim keeps them aligned.
   if (p.head_dim % 2 != 0 || find_bwd_kernel(p) == nullptr) return false;
-  const int nq = p.seqlen_q, nk = p.seqlen_k, hq = p.heads_q, hk = p.heads_kv, b = p.batch;
+  const int nq = tma_rows_q(p), nk = tma_rows_k(p), hq = p.heads_q, hk = p.heads_kv,
+            b = tma_batches(p);
   return tma_compatible(p.q, p.q_stride, nq, hq, b) &&
          tma_compatible(p.k, p.k_stride, nk, hk, b) &&
          tma_compatible(p.v, p.v_stride, nk, hk, b) &&

@@ -18,6 +18,7 @@
 #include <cutlass/array.h>
 
 #include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/common/seqlen_info.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -83,9 +84,10 @@ __global__ void __launch_bounds__(kDqConvertThreads) bwd_dq_convert(const BwdKer
   constexpr int kChunk = 16 / sizeof(Element);
   constexpr int kChunksPerRow = kHeadDim / kChunk;
   const int m0 = m * kBlockM;
-  const int rows = p.seqlen_q - m0;
-  Element* dst = static_cast<Element*>(p.dq) + std::int64_t(batch) * p.dq_stride.batch +
-                 std::int64_t(head) * p.dq_stride.head + std::int64_t(m0) * p.dq_stride.row;
+  const SeqlenInfo seq(p, batch);  // varlen: this sequence's rows of the packed dq
+  const int rows = seq.seqlen_q - m0;
+  Element* dst = static_cast<Element*>(p.dq) +
+                 seq.offset(p.dq_stride, seq.batch_q, seq.row_q + m0, head);
   CUTE_UNROLL
   for (int i = threadIdx.x; i < kBlockM * kChunksPerRow; i += kDqConvertThreads) {
     const int row = i / kChunksPerRow, col = i % kChunksPerRow * kChunk;

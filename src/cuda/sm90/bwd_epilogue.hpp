@@ -7,6 +7,9 @@
 //    clips keys past the sequence and columns past the real head dim. The register stores this
 //    replaced waited on each other (every store's address and data registers were reused by
 //    the next one): the tail of every CTA.
+//    Varlen: only when the whole key block lies inside the sequence (a TMA store would write
+//    past its end into the next sequence's rows); otherwise from registers as below, both
+//    warpgroups alike (the TMA path synchronises them).
 //  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
 //    past the sequence and columns past the real head dim predicated off); the rings fill the
 //    shared memory there and nothing else is free to stage in.
@@ -16,6 +19,8 @@
 
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/fragment_utils.hpp"
+#include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 
@@ -32,25 +37,29 @@ struct BwdEpilogue {
   static constexpr int kHeadDim = Traits::kHeadDim;
 
   template <class AccDkv>
-  __device__ void operator()(const BwdParams<Traits>& params, int n_block, int head_kv, int batch,
-                             AccDkv& acc_dk, AccDkv const& acc_dv, SharedStorage& ss,
-                             int tid) const {
+  __device__ void operator()(const BwdParams<Traits>& params, const SeqlenInfo& seq,
+                             int n_block, int head_kv, AccDkv& acc_dk, AccDkv const& acc_dv,
+                             SharedStorage& ss, int tid) const {
     const BackwardParams& p = params.kp.p;
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
-    if constexpr (Traits::kTile.split_d) {
-      store_registers(p, acc_dk, p.dk, p.dk_stride, n_block, head_kv, batch, tid);
-      store_registers(p, acc_dv, p.dv, p.dv_stride, n_block, head_kv, batch, tid);
-    } else {
-      store_tma(params, acc_dk, acc_dv, n_block, head_kv, batch, ss, tid);
+    bool tma = !Traits::kTile.split_d;
+    if constexpr (Traits::kVarlen) tma = tma && (n_block + 1) * kBlockN <= seq.seqlen_k;
+    if constexpr (!Traits::kTile.split_d) {
+      if (tma) {
+        store_tma(params, seq, acc_dk, acc_dv, n_block, head_kv, ss, tid);
+        return;
+      }
     }
+    store_registers(p, seq, acc_dk, p.dk, p.dk_stride, n_block, head_kv, tid);
+    store_registers(p, seq, acc_dv, p.dv, p.dv_stride, n_block, head_kv, tid);
   }
 
  private:
   template <class AccDkv>
-  __device__ static void store_tma(const BwdParams<Traits>& params, AccDkv const& acc_dk,
-                                   AccDkv const& acc_dv, int n_block, int head_kv, int batch,
-                                   SharedStorage& ss, int tid) {
+  __device__ static void store_tma(const BwdParams<Traits>& params, const SeqlenInfo& seq,
+                                   AccDkv const& acc_dk, AccDkv const& acc_dv, int n_block,
+                                   int head_kv, SharedStorage& ss, int tid) {
     const BackwardParams& p = params.kp.p;
     const int wg = tid / 128;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
@@ -74,12 +83,17 @@ struct BwdEpilogue {
 
     if (tid % 128 == 0) {
       auto tile = Shape<_64, Int<kHeadDim>>{};
-      Tensor mdK = params.tma_dk.get_tma_tensor(
-          make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-      Tensor mdV = params.tma_dv.get_tma_tensor(
-          make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
-      Tensor gdK = local_tile(mdK(_, _, head_kv, batch), tile, make_coord(_, _0{}));  // (64, D, n)
-      Tensor gdV = local_tile(mdV(_, _, head_kv, batch), tile, make_coord(_, _0{}));
+      const int rows = tma_rows_k(p), batches = tma_batches(p);
+      Tensor mdK = domain_offset(
+          make_coord(int(seq.row_k), _0{}),
+          params.tma_dk.get_tma_tensor(make_shape(rows, p.head_dim, p.heads_kv, batches))(
+              _, _, head_kv, int(seq.batch_k)));
+      Tensor mdV = domain_offset(
+          make_coord(int(seq.row_k), _0{}),
+          params.tma_dv.get_tma_tensor(make_shape(rows, p.head_dim_v, p.heads_kv, batches))(
+              _, _, head_kv, int(seq.batch_k)));
+      Tensor gdK = local_tile(mdK, tile, make_coord(_, _0{}));  // (64, D, n)
+      Tensor gdV = local_tile(mdV, tile, make_coord(_, _0{}));
       auto [tdKg, tdKs] = tma_partition(params.tma_dk, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sQ), group_modes<0, 2>(gdK));
       auto [tdVg, tdVs] = tma_partition(params.tma_dv, _0{}, Layout<_1>{},
@@ -93,18 +107,18 @@ struct BwdEpilogue {
   }
 
   template <class AccDkv>
-  __device__ static void store_registers(const BackwardParams& p, AccDkv const& acc, void* dst,
-                                         const Strides& s, int n_block, int head_kv, int batch,
-                                         int tid) {
+  __device__ static void store_registers(const BackwardParams& p, const SeqlenInfo& seq,
+                                         AccDkv const& acc, void* dst, const Strides& s,
+                                         int n_block, int head_kv, int tid) {
     typename Traits::TiledMmaDkv mma;
     auto thr = mma.get_thread_slice(tid);
     // (key, dim) of every element; pairs (2i, 2i + 1) are adjacent dims of one key.
     Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     const int n0 = n_block * kBlockN;
-    const int rows = p.seqlen_k - n0;
+    const int rows = seq.seqlen_k - n0;
     Tensor r = convert_fragment<Element>(acc);
-    Element* base = static_cast<Element*>(dst) + std::int64_t(batch) * s.batch +
-                    std::int64_t(n0) * s.row + std::int64_t(head_kv) * s.head;
+    Element* base =
+        static_cast<Element*>(dst) + seq.offset(s, seq.batch_k, seq.row_k + n0, head_kv);
     CUTE_UNROLL
     for (int i = 0; i < size(r); i += 2) {
       const int row = get<0>(c(i)), col = get<1>(c(i));

@@ -18,6 +18,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/mask.hpp"
+#include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/bwd_tile_scheduler.hpp"
 
@@ -41,6 +42,10 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
 
   const BwdTileCoord tile = Scheduler::tile(kp, blockIdx.x);
   const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
+  const SeqlenInfo seq = Traits::kVarlen ? SeqlenInfo(p, batch) : SeqlenInfo::padded(p, batch);
+  // Varlen grids are sized by the longest key sequence: a key block past this sequence's end
+  // owns no rows (nothing to load or store). The whole CTA leaves together.
+  if (Traits::kVarlen && n_block * kBlockN >= seq.seqlen_k) return;
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   const int warp = cutlass::canonical_warp_idx_sync();
@@ -64,7 +69,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   Pipeline pipeline_do(ss.pipeline_do, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  const WindowMask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+  const WindowMask mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
   const BlockRange m_range = mask.m_blocks(n_block, kBlockN, kBlockM);
   // Keys no query sees: the producer loads nothing, the consumers wait on nothing and store
   // zero gradients.
@@ -73,8 +78,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && elected && has_work)
-      Producer{}.load(params, n_block, head_kv, batch, m_range, pipeline_q,
-                                 pipeline_do, ss);
+      Producer{}.load(params, seq, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do,
+                      ss);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;
@@ -86,7 +91,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     if (has_work)
       Mainloop{}.mma(kp, mask, n_block, head_kv, batch, m_range, pipeline_q,
                                   pipeline_do, ss, tid, acc_dk, acc_dv);
-    Epilogue{}(params, n_block, head_kv, batch, acc_dk, acc_dv, ss, tid);
+    Epilogue{}(params, seq, n_block, head_kv, acc_dk, acc_dv, ss, tid);
   }
 #endif
 }

@@ -24,6 +24,7 @@
 #include "cuda/sm90/bwd_prepass.hpp"
 #include "cuda/sm90/bwd_traits.hpp"
 #include "cuda/sm90/bwd_traits_split_d.hpp"
+#include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/tma_view.hpp"
 #include "flashcpp/error.hpp"
 
@@ -38,15 +39,14 @@ using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplit
                                          BwdMainloop<Traits>>;
 
 // The traits of the head dim's tile layout (bwd_tile_table.hpp).
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kVarlen>
 using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim).split_d,
-                                       BwdTraitsSplitD<Element, kHeadDim>,
-                                       BwdTraits<Element, kHeadDim>>;
+                                       BwdTraitsSplitD<Element, kHeadDim, kVarlen>,
+                                       BwdTraits<Element, kHeadDim, kVarlen>>;
 
-template <class Element, int kHeadDim>
-void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
+template <class Traits>
+void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
-  using Traits = BwdTraitsOf<Element, kHeadDim>;
   const BackwardParams& p = kp.p;
   const int num_m_blocks =
       int((std::int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM);
@@ -57,6 +57,15 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   // No keys: dq is zero, written from the zeroed dq_accum like any other.
   bwd_dq_convert<Traits><<<query_blocks, kDqConvertThreads, 0, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
+}
+
+// Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits).
+template <class Element, int kHeadDim>
+void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
+  if (kp.p.is_varlen())
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, true>>(kp, stream);
+  else
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, false>>(kp, stream);
 }
 
 template <class Traits>
@@ -71,36 +80,36 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
   const auto kv_tile = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{};
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.q), p.seqlen_q, p.head_dim, p.heads_q, p.batch,
-                p.q_stride),
+      gmem_view(static_cast<const Element*>(p.q), tma_rows_q(p), p.head_dim, p.heads_q,
+                tma_batches(p), p.q_stride),
       take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{});
   params.tma_do = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.dout), p.seqlen_q, p.head_dim_v, p.heads_q, p.batch,
-                p.dout_stride),
+      gmem_view(static_cast<const Element*>(p.dout), tma_rows_q(p), p.head_dim_v, p.heads_q,
+                tma_batches(p), p.dout_stride),
       take<0, 2>(typename Traits::SmemLayoutDo{}), q_tile, _1{});
   params.tma_k = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.k), p.seqlen_k, p.head_dim, p.heads_kv, p.batch,
-                p.k_stride),
+      gmem_view(static_cast<const Element*>(p.k), tma_rows_k(p), p.head_dim, p.heads_kv,
+                tma_batches(p), p.k_stride),
       typename Traits::SmemLayoutK{}, kv_tile, _1{});
   params.tma_v = make_tma_copy(
       SM90_TMA_LOAD{},
-      gmem_view(static_cast<const Element*>(p.v), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch,
-                p.v_stride),
+      gmem_view(static_cast<const Element*>(p.v), tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                tma_batches(p), p.v_stride),
       typename Traits::SmemLayoutV{}, kv_tile, _1{});
   if constexpr (!Traits::kTile.split_d) {
     const auto out_tile = Shape<_64, Int<kHeadDim>>{};
     const auto stage = take<0, 2>(typename Traits::SmemLayoutQ{});
     params.tma_dk = make_tma_copy(
         SM90_TMA_STORE{},
-        gmem_view(static_cast<Element*>(p.dk), p.seqlen_k, p.head_dim, p.heads_kv, p.batch,
-                  p.dk_stride),
+        gmem_view(static_cast<Element*>(p.dk), tma_rows_k(p), p.head_dim, p.heads_kv,
+                  tma_batches(p), p.dk_stride),
         stage, out_tile, _1{});
     params.tma_dv = make_tma_copy(
         SM90_TMA_STORE{},
-        gmem_view(static_cast<Element*>(p.dv), p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch,
-                  p.dv_stride),
+        gmem_view(static_cast<Element*>(p.dv), tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                  tma_batches(p), p.dv_stride),
         stage, out_tile, _1{});
   }
 

@@ -28,6 +28,7 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
+#include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bulk_reduce.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
@@ -138,6 +139,15 @@ struct BwdMainloop {
     int it = 0;
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+    // Varlen: K and V rows past the sequence's end (the next sequence's) are zeroed once.
+    if constexpr (Traits::kVarlen) {
+      if (n0 + kBlockN > mask.seqlen_k) {
+        zero_rows(sK, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
+        zero_rows(sV, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
+        cutlass::arch::fence_view_async_shared();
+        named_barrier_sync(NamedBarrier::kBwdKvTail, Traits::kConsumerThreads);
+      }
+    }
     if constexpr (Traits::kKVInRegisters) {
       // This warpgroup's K and V rows as register A operands, for the whole loop.
       copy(thr_sdp.partition_A(sK), tSrK);
@@ -149,6 +159,17 @@ struct BwdMainloop {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         pipeline_q.consumer_wait(state);
+        // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
+        // warpgroups write the same zeros; each waits for its own before its products).
+        if constexpr (Traits::kVarlen) {
+          if (m0 + kBlockM > mask.seqlen_q) {
+            pipeline_do.consumer_wait(state);
+            zero_rows(sQ(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
+            zero_rows(sdO(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
+            cutlass::arch::fence_view_async_shared();
+            named_barrier_sync(NamedBarrier::kEpilogue0 + tid / 128, 128);
+          }
+        }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
         pipeline_do.consumer_wait(state);
         wgmma<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.index()), acc_dp);

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/common/seqlen_info.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -31,22 +32,20 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const std::int64_t block = (std::int64_t(batch) * p.heads_q + head) * gridDim.x + m;
   const int part = threadIdx.x % kThreadsPerRow;
+  const SeqlenInfo seq(p, batch);  // varlen: this sequence's rows of the packed tensors
   const bool whole_chunks = p.head_dim % kElemsPerChunk == 0;  // (the common case)
   {
     const int r = threadIdx.x / kThreadsPerRow;
     const int i = m * kBlockM + r;
     float dsum = 0.f, lse = -INFINITY;
-    if (i < p.seqlen_q) {
+    if (i < seq.seqlen_q) {
       if (part == 0)
-        lse = p.lse[std::int64_t(batch) * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride +
-                    i];
+        lse = p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride +
+                    seq.row_q + i];
       const Element* o = static_cast<const Element*>(p.out) +
-                         std::int64_t(batch) * p.out_stride.batch +
-                         std::int64_t(i) * p.out_stride.row + std::int64_t(head) * p.out_stride.head;
+                         seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head);
       const Element* g = static_cast<const Element*>(p.dout) +
-                         std::int64_t(batch) * p.dout_stride.batch +
-                         std::int64_t(i) * p.dout_stride.row +
-                         std::int64_t(head) * p.dout_stride.head;
+                         seq.offset(p.dout_stride, seq.batch_q, seq.row_q + i, head);
       if (whole_chunks) {
         uint4 oc[kChunks], gc[kChunks];
         CUTE_UNROLL

@@ -14,6 +14,8 @@
 #include <cutlass/arch/barrier.h>
 
 #include "common/mask.hpp"
+#include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -32,7 +34,10 @@ struct BwdProducer {
 
   // One elected thread. K and V of the key block once, then Q_i and dO_i for every
   // (query head, query block) in the consumers' order. m_range is non-empty.
-  __device__ void load(const BwdParams<Traits>& params, int n_block, int head_kv, int batch,
+  // `batch` indexes the blocked statistics; `seq` places the sequence's rows (varlen: in the
+  // packed tensors).
+  __device__ void load(const BwdParams<Traits>& params, const SeqlenInfo& seq, int n_block,
+                       int head_kv, int batch,
                        BlockRange m_range, Pipeline& pipeline_q, Pipeline& pipeline_do,
                        SharedStorage& ss) const {
     const BackwardParams& p = params.kp.p;
@@ -41,18 +46,27 @@ struct BwdProducer {
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
-    Tensor mQ = params.tma_q.get_tma_tensor(
-        make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mdO = params.tma_do.get_tma_tensor(
-        make_shape(p.seqlen_q, p.head_dim_v, p.heads_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch));
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+    // (row, dim, head) views shifted to the sequence's first row (0 unless varlen).
+    const int rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
+    Tensor mQ = domain_offset(
+        make_coord(int(seq.row_q), _0{}, _0{}),
+        params.tma_q.get_tma_tensor(make_shape(rows_q, p.head_dim, p.heads_q, batches))(
+            _, _, _, int(seq.batch_q)));
+    Tensor mdO = domain_offset(
+        make_coord(int(seq.row_q), _0{}, _0{}),
+        params.tma_do.get_tma_tensor(make_shape(rows_q, p.head_dim_v, p.heads_q, batches))(
+            _, _, _, int(seq.batch_q)));
+    Tensor mK = domain_offset(
+        make_coord(int(seq.row_k), _0{}),
+        params.tma_k.get_tma_tensor(make_shape(rows_k, p.head_dim, p.heads_kv, batches))(
+            _, _, head_kv, int(seq.batch_k)));
+    Tensor mV = domain_offset(
+        make_coord(int(seq.row_k), _0{}),
+        params.tma_v.get_tma_tensor(make_shape(rows_k, p.head_dim_v, p.heads_kv, batches))(
+            _, _, head_kv, int(seq.batch_k)));
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                       group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -69,9 +83,9 @@ struct BwdProducer {
     const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+      Tensor gQ = local_tile(mQ(_, _, head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(_, _0{}));  // (kBlockM, kHeadDim, m)
-      Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+      Tensor gdO = local_tile(mdO(_, _, head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                               make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));

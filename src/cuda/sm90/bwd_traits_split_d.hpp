@@ -25,8 +25,11 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_>
+// kVarlen_: the instantiation for varlen calls (per-sequence rows, tails zeroed in shared
+// memory, dK and dV of a key block that reaches past its sequence stored without TMA).
+template <class Element_, int kHeadDim_, bool kVarlen_ = false>
 struct BwdTraitsSplitD {
+  static constexpr bool kVarlen = kVarlen_;
   using Element = Element_;
   static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.split_d,

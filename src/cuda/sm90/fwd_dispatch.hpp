@@ -19,7 +19,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
-#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {

@@ -30,6 +30,7 @@
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 #include "cuda/sm90/wgmma.hpp"
+#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -248,15 +249,12 @@ struct FwdMainloop {
   }
 
  private:
-  // Zeroes rows [first_row, kBlockN) of V stage `stage`, 16 bytes at a time (a 128-byte
-  // swizzle moves whole 16-byte chunks), and makes the writes visible to this warpgroup's
-  // wgmma (async proxy). Both warpgroups write the same zeros, so each needs only its own
-  // threads' writes done before its product reads them.
+  // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
+  // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
+  // its own threads' writes done before its product reads them.
   __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    constexpr int kChunks = kHeadDim / 8;
-    for (int i = first_row * kChunks + tid % 128; i < kBlockN * kChunks; i += 128)
-      *reinterpret_cast<uint4*>(&sV(i / kChunks, i % kChunks * 8, stage)) = make_uint4(0, 0, 0, 0);
+    zero_rows(sV(_, _, stage), first_row, tid % 128, 128);
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(tid / 128 == 0 ? NamedBarrier::kFwdVTail0 : NamedBarrier::kFwdVTail1, 128);
   }

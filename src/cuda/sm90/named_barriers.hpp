@@ -29,6 +29,9 @@ enum class NamedBarrier : int {
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
   kBwdEpilogueAll = kWarpScheduler0,
+  // Backward, varlen: both consumer warpgroups have zeroed the K and V rows past the sequence's
+  // end (zero_rows.hpp). The backward has no warp scheduler, so it takes that id too.
+  kBwdKvTail = kWarpScheduler1,
 };
 
 __forceinline__ __device__ NamedBarrier operator+(NamedBarrier id, int i) {
