@@ -22,7 +22,7 @@ inline std::int64_t bwd_rows(const ForwardParams& p) {
 // instantiation's padded head dim). The workspace query does not know which backend will run.
 inline std::int64_t bwd_dq_accum_floats(const ForwardParams& p, const Sm90BwdTile& sm90) {
   const std::int64_t plain = bwd_rows(p) * p.head_dim;
-  if (sm90.head_dim == 0 || p.is_varlen()) return plain;
+  if (sm90.head_dim == 0) return plain;
   const std::int64_t blocks = (std::int64_t(p.seqlen_q) + sm90.block_m - 1) / sm90.block_m;
   const std::int64_t blocked =
       std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m * sm90.head_dim;
@@ -34,7 +34,7 @@ inline std::int64_t bwd_dq_accum_floats(const ForwardParams& p, const Sm90BwdTil
 // call.
 inline std::int64_t bwd_stats_floats(const ForwardParams& p, const Sm90BwdTile& sm90) {
   const std::int64_t plain = bwd_rows(p);
-  if (sm90.head_dim == 0 || p.is_varlen()) return plain;
+  if (sm90.head_dim == 0) return plain;
   const std::int64_t blocks = (std::int64_t(p.seqlen_q) + sm90.block_m - 1) / sm90.block_m;
   const std::int64_t blocked = std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m;
   return blocked > plain ? blocked : plain;

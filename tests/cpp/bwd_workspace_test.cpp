@@ -71,14 +71,16 @@ TEST(BwdWorkspace, TheLargerLayoutWins) {
   expect_bytes(p, Sm90BwdTile{64, 64, 128, 2, false}, 12288, 128);
 }
 
-TEST(BwdWorkspace, VarlenIsPlainEvenWithAnSm90Tile) {
-  // Varlen: B * Hq * max_seqlen_q rows; the sm90 kernel does not run varlen, so no blocks.
+TEST(BwdWorkspace, VarlenIsBlockedLikePadded) {
+  // Varlen: B * Hq * max_seqlen_q rows, and with an sm90 tile whole blocks of max_seqlen_q
+  // per (sequence, head): 2 * 3 * ceil(100 / 64) = 12 blocks of 64 rows.
   const std::int32_t cu_seqlens[] = {0, 40, 100};  // only tested for non-null, never read
   ForwardParams p = shape(2, 3, 1, 100, 96);
   p.cu_seqlens_q = cu_seqlens;
   p.cu_seqlens_k = cu_seqlens;
-  expect_bytes(p, kD128, 57600, 600);
-  expect_bytes(p, kD256, 57600, 600);
+  expect_bytes(p, kNone, 57600, 600);
+  expect_bytes(p, kD128, 12 * 64 * 128, 12 * 64);
+  expect_bytes(p, kD256, 12 * 64 * 256, 12 * 64);
 }
 
 TEST(BwdWorkspace, TableTilesMatchTheSpelledOutOnes) {
