@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/avx512_forward.hpp"
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -123,6 +124,10 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
 }  // namespace
 
 void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
+  if (avx512_forward_usable()) {
+    avx512_forward(p);
+    return;
+  }
   const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v)};
@@ -150,7 +155,8 @@ void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
 }
 
 const char* tiled_kernel_name() {
-  static const std::string name = std::string("cpu_tiled_") + block_gemm_name();
+  static const std::string name =
+      avx512_forward_usable() ? "cpu_tiled_avx512" : std::string("cpu_tiled_") + block_gemm_name();
   return name.c_str();
 }
 
