@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx_forward.hpp"
 #include "cpu/avx512_forward.hpp"
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
@@ -124,6 +125,10 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
 }  // namespace
 
 void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
+  if (amx_forward_usable(p)) {
+    amx_forward(p);
+    return;
+  }
   if (avx512_forward_usable()) {
     avx512_forward(p);
     return;
@@ -154,10 +159,11 @@ void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
   }
 }
 
-const char* tiled_kernel_name() {
-  static const std::string name =
-      avx512_forward_usable() ? "cpu_tiled_avx512" : std::string("cpu_tiled_") + block_gemm_name();
-  return name.c_str();
+const char* tiled_kernel_name(const ForwardParams* forward) {
+  static const std::string generic = std::string("cpu_tiled_") + block_gemm_name();
+  if (forward && amx_forward_usable(*forward)) return "cpu_tiled_amx";
+  if (forward && avx512_forward_usable()) return "cpu_tiled_avx512";
+  return generic.c_str();
 }
 
 }  // namespace flashcpp::detail::cpu
