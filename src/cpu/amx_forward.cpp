@@ -27,6 +27,7 @@
 
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
+#include "cpu/exp2_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 
@@ -71,22 +72,6 @@ struct alignas(64) TileConfig {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-// 2^x as in avx512_forward.cpp.
-inline __m512 exp2_lanes(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 poly = _mm512_set1_ps(0.0000152527f);
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0001540353f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0013333558f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0096181291f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0555041087f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.2402265070f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.6931471806f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(poly, n);
-}
 
 // Transposes 16 rows of 16 32-bit words in place: r[i] word j -> r[j] word i.
 void transpose_16x16(__m512i r[16]) {

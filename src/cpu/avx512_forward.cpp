@@ -25,6 +25,7 @@
 
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
+#include "cpu/exp2_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 
@@ -88,23 +89,6 @@ void convert_row(const void* base, ElementType type, std::int64_t offset, int n,
     }
     _mm512_mask_storeu_ps(dst + i, lanes, _mm512_mul_ps(x, factor));
   }
-}
-
-// 2^x, lane-wise: exactly 0 for x <= -200 (so -inf, the mask, gives 0), NaN stays NaN.
-// Taylor series of e^(f ln 2) to degree 7 on f in [-0.5, 0.5]: relative error about 2e-7.
-inline __m512 exp2_lanes(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  // vmaxps returns its second operand on NaN
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 poly = _mm512_set1_ps(0.0000152527f);
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0001540353f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0013333558f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0096181291f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.0555041087f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.2402265070f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(0.6931471806f));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(poly, n);
 }
 
 // S^T rows for kKeys keys: s[j][0..32) = sum_d k[j][d] * q_t[d][0..32).
