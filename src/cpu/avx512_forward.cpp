@@ -2,7 +2,7 @@
 // (batch, head) as four strips of 32, and streams over key blocks of 128. Scores are held
 // transposed, S^T[key][row], so that a strip's 32 rows are the lanes of two registers:
 //   - S^T = K Q^T: K elements are broadcast straight from the input rows (fp32) or from the
-//     block converted once per task (fp16/bf16); Q^T is packed once per task, pre-scaled;
+//     block converted once per task (fp16/bf16); Q^T is packed once per task;
 //   - the online softmax is then lane-wise (max, exp2 and sum run down the keys, no
 //     horizontal reductions) and works on a 16 KiB strip while it is in L1;
 //   - O += P V broadcasts P^T elements against V rows, again read in place or converted.
@@ -36,7 +36,7 @@ constexpr int kStrip = 32;          // query rows per strip: the lanes of two zm
 constexpr int kStripsPerTask = 4;   // 128 query rows per task share each converted key block
 constexpr int kTaskRows = kStrip * kStripsPerTask;
 constexpr int kBlockKeys = 128;     // keys per block
-constexpr int kQkKeys = 12;         // keys per S^T microkernel call: 12 x 2 accumulators
+constexpr int kQkKeys = 6;          // keys per S^T microkernel call: 6 x 2 x 2 accumulators
 constexpr int kPvRows = 8;          // rows per P V microkernel call: 8 x 3 accumulators
 constexpr int kPvRegs = 3;
 
@@ -52,7 +52,7 @@ struct Workspace {
         m(kTaskRows),
         l(kTaskRows),
         row(static_cast<std::size_t>(std::max(d, dv))) {}
-  std::vector<float> q_t;  // per strip [D][32]: alpha * Q^T
+  std::vector<float> q_t;  // per strip [D][32]: Q^T
   std::vector<float> k;    // [keys][D]: the key block as fp32 (fp16/bf16 inputs)
   std::vector<float> v;    // [keys][Dv]
   std::vector<float> s;    // [keys][32]: S^T of one strip, then P^T
@@ -91,26 +91,43 @@ void convert_row(const void* base, ElementType type, std::int64_t offset, int n,
   }
 }
 
-// S^T rows for kKeys keys: s[j][0..32) = sum_d k[j][d] * q_t[d][0..32).
+// S^T rows for kKeys keys: s[j][0..32) = sum_d k[j][d] * q_t[d][0..32). Even and odd d go to
+// separate accumulators, summed at the end: two chains of D / 2 round less than one of D (the
+// fp32 gradient tests of tests/python/test_torch.py need that margin).
 template <int kKeys>
 void scores_microkernel(const float* k, std::int64_t ldk, const float* q_t, int dim, float* s) {
-  __m512 acc[kKeys][2];
-  #pragma GCC unroll 16
-  for (int j = 0; j < kKeys; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-  for (int d = 0; d < dim; ++d) {
-    const __m512 q0 = _mm512_loadu_ps(q_t + d * kStrip);
-    const __m512 q1 = _mm512_loadu_ps(q_t + d * kStrip + 16);
-    #pragma GCC unroll 16
-    for (int j = 0; j < kKeys; ++j) {
-      const __m512 kj = _mm512_set1_ps(k[j * ldk + d]);
-      acc[j][0] = _mm512_fmadd_ps(kj, q0, acc[j][0]);
-      acc[j][1] = _mm512_fmadd_ps(kj, q1, acc[j][1]);
+  __m512 acc[2][kKeys][2];
+#pragma GCC unroll 16
+  for (int j = 0; j < kKeys; ++j)
+    acc[0][j][0] = acc[0][j][1] = acc[1][j][0] = acc[1][j][1] = _mm512_setzero_ps();
+  int d = 0;
+  for (; d + 2 <= dim; d += 2) {
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; ++e) {
+      const __m512 q0 = _mm512_loadu_ps(q_t + (d + e) * kStrip);
+      const __m512 q1 = _mm512_loadu_ps(q_t + (d + e) * kStrip + 16);
+#pragma GCC unroll 16
+      for (int j = 0; j < kKeys; ++j) {
+        const __m512 kj = _mm512_set1_ps(k[j * ldk + d + e]);
+        acc[e][j][0] = _mm512_fmadd_ps(kj, q0, acc[e][j][0]);
+        acc[e][j][1] = _mm512_fmadd_ps(kj, q1, acc[e][j][1]);
+      }
     }
   }
-  #pragma GCC unroll 16
+  if (d < dim) {  // D is a multiple of 8, so this never runs; kept for any D
+    const __m512 q0 = _mm512_loadu_ps(q_t + d * kStrip);
+    const __m512 q1 = _mm512_loadu_ps(q_t + d * kStrip + 16);
+#pragma GCC unroll 16
+    for (int j = 0; j < kKeys; ++j) {
+      const __m512 kj = _mm512_set1_ps(k[j * ldk + d]);
+      acc[0][j][0] = _mm512_fmadd_ps(kj, q0, acc[0][j][0]);
+      acc[0][j][1] = _mm512_fmadd_ps(kj, q1, acc[0][j][1]);
+    }
+  }
+#pragma GCC unroll 16
   for (int j = 0; j < kKeys; ++j) {
-    _mm512_storeu_ps(s + j * kStrip, acc[j][0]);
-    _mm512_storeu_ps(s + j * kStrip + 16, acc[j][1]);
+    _mm512_storeu_ps(s + j * kStrip, _mm512_add_ps(acc[0][j][0], acc[1][j][0]));
+    _mm512_storeu_ps(s + j * kStrip + 16, _mm512_add_ps(acc[0][j][1], acc[1][j][1]));
   }
 }
 
@@ -258,13 +275,18 @@ void mask_strip(const BlockMask& mask, std::int64_t row0, int rows, std::int64_t
 // P^T relative to the new max and rescales the output rows o. A row with nothing visible yet
 // (max -inf) takes max 0 for the exponent, so its P is 0 rather than 2^(-inf + inf) = NaN.
 // NaN scores are not dropped: they make P, l and so the row's out and lse NaN.
-void strip_softmax(float* s, int keys, float* m, float* l, float* o, int dv, int rows) {
+void strip_softmax(float* s, int keys, float alpha, float* m, float* l, float* o, int dv,
+                   int rows) {
   alignas(64) float correction[kStrip];
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int h = 0; h < 2; ++h) {
+    const __m512 factor = _mm512_set1_ps(alpha);
     const __m512 m_old = _mm512_loadu_ps(m + 16 * h);
     __m512 max = m_old;
-    for (int j = 0; j < keys; ++j) max = _mm512_max_ps(_mm512_loadu_ps(s + j * kStrip + 16 * h), max);
+    __m512 raw_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int j = 0; j < keys; ++j)
+      raw_max = _mm512_max_ps(_mm512_loadu_ps(s + j * kStrip + 16 * h), raw_max);
+    max = _mm512_max_ps(_mm512_mul_ps(raw_max, factor), max);  // alpha > 0
     const __m512 base =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(max, minus_inf, _CMP_EQ_OQ), max,
                              _mm512_setzero_ps());
@@ -273,8 +295,8 @@ void strip_softmax(float* s, int keys, float* m, float* l, float* o, int dv, int
     for (; j + 2 <= keys; j += 2) {
       float* x0 = s + j * kStrip + 16 * h;
       float* x1 = x0 + kStrip;
-      const __m512 p0 = exp2_lanes(_mm512_sub_ps(_mm512_loadu_ps(x0), base));
-      const __m512 p1 = exp2_lanes(_mm512_sub_ps(_mm512_loadu_ps(x1), base));
+      const __m512 p0 = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(x0), factor, base));
+      const __m512 p1 = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(x1), factor, base));
       _mm512_storeu_ps(x0, p0);
       _mm512_storeu_ps(x1, p1);
       sum0 = _mm512_add_ps(sum0, p0);
@@ -282,7 +304,7 @@ void strip_softmax(float* s, int keys, float* m, float* l, float* o, int dv, int
     }
     if (j < keys) {
       float* x0 = s + j * kStrip + 16 * h;
-      const __m512 p0 = exp2_lanes(_mm512_sub_ps(_mm512_loadu_ps(x0), base));
+      const __m512 p0 = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(x0), factor, base));
       _mm512_storeu_ps(x0, p0);
       sum0 = _mm512_add_ps(sum0, p0);
     }
@@ -315,13 +337,15 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
   const ScoreTransform transform = score_transform(p);
   const bool in_place = p.dtype == ElementType::fp32;
 
-  // alpha * Q^T per strip; rows past the task are 0.
+  // Q^T per strip; rows past the task are 0. The scale is applied to the finished scores (in
+  // the softmax's fused multiply-subtract): scaling Q first cost the fp32 backward test
+  // (test_torch.py, dV through the lse) its margin.
   for (int s = 0; s < strips; ++s) {
     float* q_t = w.q_t.data() + static_cast<std::int64_t>(s) * d * kStrip;
     for (int r = 0; r < kStrip; ++r) {
       const std::int64_t row = r0 + s * kStrip + r;
       if (row < r0 + rows)
-        convert_row(p.q, p.dtype, q_offset(p.q_stride, seq, row, head), d, transform.alpha,
+        convert_row(p.q, p.dtype, q_offset(p.q_stride, seq, row, head), d, 1.0f,
                     w.row.data());
       else
         std::memset(w.row.data(), 0, sizeof(float) * d);
@@ -372,11 +396,12 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
       strip_scores(k + (lo - c0) * ldk, ldk, q_t, d, keys, sc);
       if (transform.softcap_log2 > 0) {
         for (int e = 0; e < keys * kStrip; ++e)
-          sc[e] = transform.softcap_log2 * std::tanh(sc[e]);
+          sc[e] = transform.softcap_log2 * std::tanh(sc[e] * transform.alpha);
       }
       const bool full = mask.is_full(row0, row0 + strip_rows, lo, hi);
       if (!full) mask_strip(mask, row0, strip_rows, lo, keys, sc);
-      strip_softmax(sc, keys, w.m.data() + s * kStrip, w.l.data() + s * kStrip, o, dv,
+      strip_softmax(sc, keys, transform.softcap_log2 > 0 ? 1.0f : transform.alpha,
+                    w.m.data() + s * kStrip, w.l.data() + s * kStrip, o, dv,
                     strip_rows);
       const float* v_lo = v + (lo - c0) * ldv;
       if (!full && v_finite < 0) v_finite = rows_finite(v, ldv, cols, dv) ? 1 : 0;
