@@ -31,6 +31,7 @@
 #include "cpu/exp2_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/store_avx512.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
@@ -343,8 +344,7 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
     const float l = w.l[i];
     const bool empty = l == 0.0f;  // no visible key: out = 0, lse = -inf (NaN stays NaN)
     const float inv_l = empty ? 0.0f : 1.0f / l;
-    for (int c = 0; c < dv; ++c) o_row[c] *= inv_l;
-    store_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv);
+    store_scaled_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv, inv_l);
     if (p.lse) {
       p.lse[lse_offset(p, seq, r0 + i, head)] =
           empty ? kMinusInf : (w.m[i] + std::log2(l)) * kLn2;
