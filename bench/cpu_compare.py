@@ -11,8 +11,9 @@ the two implementations are timed in rounds, the order alternating, --reps calls
 the table gives medians over all calls, the ratio flashcpp/torch in throughput, and the spread
 of the per-round ratios (min-max) as the noise. Inputs are fresh random tensors in each
 library's own layout (flashcpp [B, N, H, D], torch [B, H, N, D]); the outputs are compared once
-per cell. Decode: 1 new token against a bf16 KV cache (GQA), timed as bytes of K and V read
-per second, next to a plain copy (torch.Tensor.copy_) of the same bytes on the same threads.
+per cell. Decode: 1 new token against a bf16 KV cache (GQA 32:8, D 128), timed as bytes of K
+and V read per second, next to the bandwidth (bytes read + written per second) of a plain copy
+(torch.Tensor.copy_) of the same bytes on the same threads.
 flashcpp is imported as installed, or from a build tree: PYTHONPATH=<build>/python.
 """
 from __future__ import annotations
@@ -85,6 +86,7 @@ def attention_cells(args, torch, flashcpp, threads):
                         qt, kt, vt, dot = (x.transpose(1, 2).contiguous() for x in (qf, kf, vf, dof))
                         out_f, lse_f = flashcpp.attention(qf, kf, vf, causal=causal,
                                                           return_lse=True, backend="cpu")
+                        kernel = flashcpp.last_run_info().kernel
                         qt.requires_grad_(mode == "bwd")
                         kt.requires_grad_(mode == "bwd")
                         vt.requires_grad_(mode == "bwd")
@@ -105,11 +107,13 @@ def attention_cells(args, torch, flashcpp, threads):
                                     out_t, (qt, kt, vt), dot, retain_graph=True),
                             }
                         times, per_round = time_rounds(fns, args.reps, args.rounds)
+                        if mode == "bwd":
+                            kernel = flashcpp.last_run_info().kernel
                         pairs = n * (n + 1) // 2 if causal else n * n
                         flop = 4.0 * b * h * pairs * d * (2.5 if mode == "bwd" else 1.0)
                         gf = {k: flop / statistics.median(v) / 1e9 for k, v in times.items()}
                         ratios = [t / f for f, t in zip(per_round["flashcpp"], per_round["torch"])]
-                        rows.append((threads, mode, dname, n, d, "yes" if causal else "no",
+                        rows.append((threads, mode, dname, n, d, "yes" if causal else "no", kernel,
                                      gf["flashcpp"], gf["torch"], gf["flashcpp"] / gf["torch"],
                                      min(ratios), max(ratios), float(err)))
                         print("| " + " | ".join(fmt(x) for x in rows[-1]) + " |", flush=True)
@@ -127,8 +131,8 @@ def decode_cells(args, torch, flashcpp, threads):
         vc = torch.randn(b, length, hkv, d, generator=gen).to(torch.bfloat16)
         dst = torch.empty(2 * kc.numel(), dtype=torch.bfloat16)
         src = torch.cat([kc.reshape(-1), vc.reshape(-1)])
-        qt = q.transpose(1, 2)
-        kt, vt = kc.transpose(1, 2), vc.transpose(1, 2)
+        qt = q.transpose(1, 2).contiguous()  # torch's own layout, [B, H, L, D]
+        kt, vt = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
         import torch.nn.functional as F
         fns = {
             "flashcpp": lambda: flashcpp.attention_with_kvcache(q, kc, vc, cache_seqlens=length,
@@ -137,9 +141,12 @@ def decode_cells(args, torch, flashcpp, threads):
             "copy": lambda: dst.copy_(src),
         }
         times, _ = time_rounds(fns, args.reps, args.rounds)
+        flashcpp.attention_with_kvcache(q, kc, vc, cache_seqlens=length, backend="cpu")
+        kernel = flashcpp.last_run_info().kernel
         nbytes = 2 * kc.numel() * kc.element_size()
         gbs = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
-        rows.append((threads, "decode", "bf16", length, d, "-", gbs["flashcpp"], gbs["torch"],
+        gbs["copy"] *= 2  # a copy reads and writes: its bandwidth counts both
+        rows.append((threads, "decode", "bf16", length, d, "-", kernel, gbs["flashcpp"], gbs["torch"],
                      gbs["flashcpp"] / gbs["copy"], gbs["copy"]))
         print("| " + " | ".join(fmt(x) for x in rows[-1]) + " |", flush=True)
     return rows
@@ -168,13 +175,13 @@ def main():
         return
     modes = args.modes.split(",")
     if "fwd" in modes or "bwd" in modes:
-        print("| threads | mode | dtype | N | D | causal | flashcpp GFLOP/s | torch GFLOP/s "
+        print("| threads | mode | dtype | N | D | causal | kernel | flashcpp GFLOP/s | torch GFLOP/s "
               "| ratio | ratio min (rounds) | ratio max | max abs diff |")
-        print("|" + "---|" * 12)
+        print("|" + "---|" * 13)
     if "decode" in modes:
-        print("| threads | mode | dtype | L | D | causal | flashcpp GB/s | torch GB/s "
+        print("| threads | mode | dtype | L | D | causal | kernel | flashcpp GB/s | torch GB/s "
               "| flashcpp / copy | copy GB/s |")
-        print("|" + "---|" * 10)
+        print("|" + "---|" * 11)
     sys.stdout.flush()
     counts = args.threads.split(",") if args.threads else [os.environ.get("OMP_NUM_THREADS", "")]
     for t in counts:
