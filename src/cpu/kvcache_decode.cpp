@@ -7,6 +7,7 @@
 // converted key block (32 * Hkv * (D + Dv) floats) and the query rows (Hq * Nnew * D floats).
 #include "cpu/kvcache_decode.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -49,8 +50,18 @@ struct Partials {
   }
 };
 
+// vdpbf16ps for the scores: bf16, D of 64, 128 or 256, and AVX512-BF16 (CPUID 7.1 EAX bit 5).
+bool use_bf16_dot(const KVCacheParams& p) {
+  static const bool present = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u);
+  }();
+  return present && p.dtype == ElementType::bf16 &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+}
+
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -92,28 +103,87 @@ float dot(const float* a, const float* b, int n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-// o[0..dv) = o * scale + sum over j in [lo, hi) of p[j] * v[j][0..dv), 64 columns at a time
-// held in registers.
-void accumulate(float* o, float scale, const float* p, int lo, int hi, const float* v, int dv) {
-  const __m512 s = _mm512_set1_ps(scale);
+// For kRows rows r: o_r[0..dv) = o_r * scale[r] + sum over j in [lo, hi) of p_r[j] * v[j][..],
+// 64 columns at a time held in registers; each V row is loaded once for all rows. Row r's
+// o is at o + r * ldo, its p at p + r * kBlockKeys.
+// V rows as fp32 (converted block, row j at v + j * dv) or, for bf16 caches, read in place
+// (row j at v_bf16 + v_rows[j]).
+struct ValueRows {
+  const float* v = nullptr;
+  const std::uint16_t* v_bf16 = nullptr;
+  const std::int64_t* v_rows = nullptr;
+};
+
+template <int kRows, bool kBf16>
+void accumulate_rows(float* o, std::int64_t ldo, const float* scale, const float* p, int lo,
+                     int hi, const ValueRows& values, int dv) {
   for (int c0 = 0; c0 < dv; c0 += 64) {
     __mmask16 lanes[4];
-    __m512 acc[4];
+    __m512 acc[kRows][4];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 4; ++c)
       lanes[c] = dv - c0 - 16 * c > 0 ? lanes_of(dv - c0 - 16 * c) : __mmask16(0);
-      acc[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes[c], o + c0 + 16 * c), s);
-    }
-    for (int j = lo; j < hi; ++j) {
-      const __m512 pj = _mm512_set1_ps(p[j]);
-      const float* v_row = v + static_cast<std::int64_t>(j) * dv + c0;
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 s = _mm512_set1_ps(scale[r]);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c)
-        acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(lanes[c], v_row + 16 * c), acc[c]);
+        acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes[c], o + r * ldo + c0 + 16 * c), s);
+    }
+    for (int j = lo; j < hi; ++j) {
+      __m512 vj[4];
+      if constexpr (kBf16) {
+        const std::uint16_t* v_row = values.v_bf16 + values.v_rows[j] + c0;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c)
+          vj[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes[c], v_row + 16 * c)), 16));
+      } else {
+        const float* v_row = values.v + static_cast<std::int64_t>(j) * dv + c0;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) vj[c] = _mm512_maskz_loadu_ps(lanes[c], v_row + 16 * c);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 pj = _mm512_set1_ps(p[r * kBlockKeys + j]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(pj, vj[c], acc[r][c]);
+      }
     }
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) _mm512_mask_storeu_ps(o + c0 + 16 * c, lanes[c], acc[c]);
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c)
+        _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, lanes[c], acc[r][c]);
   }
+}
+
+// bf16 caches on CPUs with AVX512-BF16: scores straight from the cache rows with vdpbf16ps
+// (exact products, fp32 sums), no conversion of K. s[j] = alpha * q . k[j] for j in [lo, hi);
+// returns the max (NaN scores left out of it). q holds the row's raw bf16 elements.
+template <int kChunks>
+float scores_bf16(const std::uint16_t* q, const std::uint16_t* cache, const std::int64_t* rows,
+                  int lo, int hi, float alpha, float softcap_log2, float* s) {
+  __m512i q_pairs[kChunks];
+#pragma GCC unroll 8
+  for (int c = 0; c < kChunks; ++c) q_pairs[c] = _mm512_loadu_si512(q + 32 * c);
+  float max = kMinusInf;
+  for (int j = lo; j < hi; ++j) {
+    const std::uint16_t* k = cache + rows[j];
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < kChunks; c += 2) {
+      acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)q_pairs[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+      if (c + 1 < kChunks)
+        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)q_pairs[c + 1],
+                                (__m512bh)_mm512_loadu_si512(k + 32 * c + 32));
+    }
+    float x = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * alpha;
+    if (softcap_log2 > 0) x = softcap_log2 * std::tanh(x);
+    s[j] = x;
+    max = x > max ? x : max;
+  }
+  return max;
 }
 
 // Keys [begin, end) of sequence b for every query row; partial m, l, o per row into
@@ -128,6 +198,8 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
   const BlockMask mask(p.seqlen_q, keys, p.window_left, p.window_right);
   const ScoreTransform transform = score_transform(p);
   const std::int64_t row_floats = dv + 2;
+  const bool bf16_dot = use_bf16_dot(p);
+  const auto* q_raw = static_cast<const std::uint16_t*>(p.q);
   for (int kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
     float* partial = partials.at(b, kv_head, p.heads_kv, split);
     for (int r = 0; r < rows; ++r) {
@@ -140,7 +212,9 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
       for (int c = 0; c < dv; ++c) out[2 + c] = 0.0f;
     }
   }
-  alignas(64) float s[kBlockKeys];
+  alignas(64) float s_rows[kMaxRows][kBlockKeys];  // per row of a token: scores, then P
+  std::int64_t k_rows[kBlockKeys];  // element offsets of the block's K and V rows (head 0)
+  std::int64_t v_rows[kBlockKeys];
   for (std::int64_t c0 = begin; c0 < end; c0 += kBlockKeys) {
    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockKeys, end - c0));
    // Row by row over all heads, so the cache is read in address order (the prefetchers
@@ -148,6 +222,13 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
    for (int j = 0; j < cols; ++j) {
      const std::int64_t k_row = cache_row(p, p.k_stride, b, c0 + j);
      const std::int64_t v_row = cache_row(p, p.v_stride, b, c0 + j);
+     k_rows[j] = k_row;
+     v_rows[j] = v_row;
+     if (bf16_dot) {  // read in place; touch the rows now, in address order
+       _mm_prefetch(static_cast<const char*>(p.k) + 2 * k_row, _MM_HINT_T0);
+       _mm_prefetch(static_cast<const char*>(p.v) + 2 * v_row, _MM_HINT_T0);
+       continue;
+     }
      for (int h = 0; h < p.heads_kv; ++h) {
        convert(p.k, p.dtype, k_row + h * p.k_stride.head, d, 1.0f,
                w.k.data() + (static_cast<std::int64_t>(h) * kBlockKeys + j) * d);
@@ -159,14 +240,33 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
     float* partial = partials.at(b, kv_head, p.heads_kv, split);
     const float* k_block = w.k.data() + static_cast<std::int64_t>(kv_head) * kBlockKeys * d;
     const float* v_block = w.v.data() + static_cast<std::int64_t>(kv_head) * kBlockKeys * dv;
-    for (int r = 0; r < rows; ++r) {
-      const KeyRange visible = mask.keys(r / group);
-      const int lo = static_cast<int>(std::clamp<std::int64_t>(visible.begin - c0, 0, cols));
-      const int hi = static_cast<int>(std::clamp<std::int64_t>(visible.end - c0, 0, cols));
-      if (lo >= hi) continue;
+    // The rows of one new token (its Hq / Hkv query heads) see the same keys: their scores
+    // and softmax go row by row, their P V together, so each V row is loaded once for all.
+    for (int token = 0; token < p.seqlen_q; ++token) {
+     const KeyRange visible = mask.keys(token);
+     const int lo = static_cast<int>(std::clamp<std::int64_t>(visible.begin - c0, 0, cols));
+     const int hi = static_cast<int>(std::clamp<std::int64_t>(visible.end - c0, 0, cols));
+     if (lo >= hi) continue;
+     alignas(64) float correction[kMaxRows];
+     for (int g = 0; g < group; ++g) {
+      const int r = token * group + g;
+      float* s = s_rows[g];
       const float* q = w.q.data() + (static_cast<std::int64_t>(kv_head) * rows + r) * d;
       float max = kMinusInf;
-      for (int j = lo; j < hi; ++j) {
+      if (bf16_dot) {
+        const int head = kv_head * group + g;
+        const std::uint16_t* q_row =
+            q_raw + b * p.q_stride.batch + token * p.q_stride.row + head * p.q_stride.head;
+        const auto* k_head = static_cast<const std::uint16_t*>(p.k) + kv_head * p.k_stride.head;
+        const float alpha = transform.alpha;
+        if (d == 64)
+          max = scores_bf16<2>(q_row, k_head, k_rows, lo, hi, alpha, transform.softcap_log2, s);
+        else if (d == 128)
+          max = scores_bf16<4>(q_row, k_head, k_rows, lo, hi, alpha, transform.softcap_log2, s);
+        else
+          max = scores_bf16<8>(q_row, k_head, k_rows, lo, hi, alpha, transform.softcap_log2, s);
+      }
+      for (int j = bf16_dot ? hi : lo; j < hi; ++j) {
         float x = dot(q, k_block + static_cast<std::int64_t>(j) * d, d);
         if (transform.softcap_log2 > 0) x = transform.softcap_log2 * std::tanh(x);
         s[j] = x;
@@ -175,7 +275,7 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
       float* out = partial + r * row_floats;
       const float new_max = std::max(out[0], max);
       const float base = new_max == kMinusInf ? 0.0f : new_max;
-      const float correction = out[0] == new_max ? 1.0f : std::exp2(out[0] - base);
+      correction[g] = out[0] == new_max ? 1.0f : std::exp2(out[0] - base);
       __m512 sum = _mm512_setzero_ps();
       for (int j = lo; j < hi; j += 16) {
         const __mmask16 lanes = lanes_of(hi - j);
@@ -184,9 +284,30 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
         _mm512_mask_storeu_ps(s + j, lanes, pj);
         sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(lanes, pj));
       }
-      out[1] = out[1] * correction + _mm512_reduce_add_ps(sum);
+      out[1] = out[1] * correction[g] + _mm512_reduce_add_ps(sum);
       out[0] = new_max;
-      accumulate(out + 2, correction, s, lo, hi, v_block, dv);
+     }
+     float* out = partial + token * group * row_floats;
+     ValueRows values;
+     values.v = v_block;
+     values.v_bf16 = static_cast<const std::uint16_t*>(p.v) + kv_head * p.v_stride.head;
+     values.v_rows = v_rows;
+     for (int g = 0; g < group; g += 4) {
+       const int n = std::min(4, group - g);
+       float* o = out + g * row_floats + 2;
+       const float* pg = s_rows[g];
+       if (bf16_dot) {
+         if (n == 4) accumulate_rows<4, true>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 3) accumulate_rows<3, true>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 2) accumulate_rows<2, true>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 1) accumulate_rows<1, true>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+       } else {
+         if (n == 4) accumulate_rows<4, false>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 3) accumulate_rows<3, false>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 2) accumulate_rows<2, false>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+         if (n == 1) accumulate_rows<1, false>(o, row_floats, correction + g, pg, lo, hi, values, dv);
+       }
+     }
     }
    }
   }
