@@ -30,6 +30,9 @@ namespace {
 constexpr int kMaxRows = 16;      // query rows per KV head that this path takes
 constexpr int kBlockKeys = 32;    // keys converted to fp32 at a time, all KV heads (in L2)
 constexpr int kMinSplitKeys = 512;
+// Software prefetch of the next key block (in-place bf16 path): 1 thread at L 16k read 5.7 GB/s
+// without it and 7.2 GB/s with it, as fast as memcpy reads on that machine.
+constexpr auto kPrefetchHint = _MM_HINT_T0;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 struct Workspace {
@@ -224,9 +227,18 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
      const std::int64_t v_row = cache_row(p, p.v_stride, b, c0 + j);
      k_rows[j] = k_row;
      v_rows[j] = v_row;
-     if (bf16_dot) {  // read in place; touch the rows now, in address order
-       _mm_prefetch(static_cast<const char*>(p.k) + 2 * k_row, _MM_HINT_T0);
-       _mm_prefetch(static_cast<const char*>(p.v) + 2 * v_row, _MM_HINT_T0);
+     if (bf16_dot) {  // read in place; fetch the next block's rows meanwhile
+       if (c0 + kBlockKeys + j < end) {
+         const std::int64_t k_next = cache_row(p, p.k_stride, b, c0 + kBlockKeys + j);
+         const std::int64_t v_next = cache_row(p, p.v_stride, b, c0 + kBlockKeys + j);
+         for (int h = 0; h < p.heads_kv; ++h)
+           for (int e = 0; e < d; e += 32) {
+             _mm_prefetch(static_cast<const char*>(p.k) + 2 * (k_next + h * p.k_stride.head + e),
+                          kPrefetchHint);
+             _mm_prefetch(static_cast<const char*>(p.v) + 2 * (v_next + h * p.v_stride.head + e),
+                          kPrefetchHint);
+           }
+       }
        continue;
      }
      for (int h = 0; h < p.heads_kv; ++h) {
