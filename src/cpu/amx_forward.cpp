@@ -213,11 +213,14 @@ void strip_output(const std::uint16_t* p, const std::uint16_t* v_packed, int lo,
 // outside [vis_lo, vis_hi) are hidden. Writes P (fp32 into s, bf16 into p), updates m and l
 // and rescales the output row. An empty row keeps P = 0.
 void row_softmax(float* s, std::uint16_t* p, int lo, int hi, int vis_lo, int vis_hi, float alpha,
-                 float& m, float& l, float* o, int dv) {
+                 bool keep_fp32, float& m, float& l, float* o, int dv) {
   const __m512 hidden = _mm512_set1_ps(kMinusInf);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 max = _mm512_set1_ps(kMinusInf);
-  for (int j = lo; j < hi; j += 16) {
+  if (vis_lo <= lo && vis_hi >= hi) {  // the row sees every key of [lo, hi): no mask
+    for (int j = lo; j < hi; j += 16) max = _mm512_max_ps(_mm512_loadu_ps(s + j), max);
+  }
+  for (int j = lo; j < hi && !(vis_lo <= lo && vis_hi >= hi); j += 16) {
     const __m512i key = _mm512_add_epi32(iota, _mm512_set1_epi32(j));
     const __mmask16 seen = _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(vis_lo)) &
                            _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(vis_hi));
@@ -244,8 +247,10 @@ void row_softmax(float* s, std::uint16_t* p, int lo, int hi, int vis_lo, int vis
         _mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, high1), _mm512_sub_ps(p0, high0)));
     _mm512_storeu_si512(p + j, high);
     _mm512_storeu_si512(p + kStrip * kBlockKeys + j, low);
-    _mm512_storeu_ps(s + j, p0);
-    _mm512_storeu_ps(s + j + 16, p1);
+    if (keep_fp32) {  // for the per-row product of strip_output's fallback
+      _mm512_storeu_ps(s + j, p0);
+      _mm512_storeu_ps(s + j + 16, p1);
+    }
     sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
   }
   // 2^(m - base): 0 on the first visible block; exactly 1 when the max did not move.
@@ -318,7 +323,8 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
             s_row[j] = p.softcap * std::tanh(s_row[j] * transform.alpha);
         }
         const float alpha = transform.softcap_log2 > 0 ? kLog2e : transform.alpha;
-        row_softmax(s_row, p_row, lo, hi, vis_lo, vis_hi, alpha, w.m[st * kStrip + i],
+        row_softmax(s_row, p_row, lo, hi, vis_lo, vis_hi, alpha, !(full || v_finite),
+                    w.m[st * kStrip + i],
                     w.l[st * kStrip + i], o + static_cast<std::int64_t>(i) * dv, dv);
       }
       if (full || v_finite) {
