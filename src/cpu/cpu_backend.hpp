@@ -32,7 +32,8 @@ void clear_varlen_tails(const BackwardParams& params, std::int64_t rows_q, std::
 void kvcache_forward(const KVCacheParams& params, bool reference);
 
 // Name of the kernel tiled_forward runs for `forward` ("cpu_tiled_amx", "cpu_tiled_avx512",
-// "cpu_tiled_openblas", ...), or tiled_backward runs when `forward` is null.
+// "cpu_tiled_openblas", ...), or tiled_backward runs when `forward` is null (its block products
+// on AVX-512: "cpu_tiled_avx512", else "cpu_tiled_openblas").
 const char* tiled_kernel_name(const ForwardParams* forward);
 
 }  // namespace flashcpp::detail::cpu

@@ -162,7 +162,7 @@ void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
 const char* tiled_kernel_name(const ForwardParams* forward) {
   static const std::string generic = std::string("cpu_tiled_") + block_gemm_name();
   if (forward && amx_forward_usable(*forward)) return "cpu_tiled_amx";
-  if (forward && avx512_forward_usable()) return "cpu_tiled_avx512";
+  if (avx512_forward_usable()) return "cpu_tiled_avx512";  // forward, or block_gemm in backward
   return generic.c_str();
 }
 
