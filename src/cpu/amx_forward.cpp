@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cpu/avx512_forward.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
@@ -394,7 +395,7 @@ bool amx_forward_usable(const ForwardParams& p) {
   static const bool present = [] {
     const char* choice = std::getenv("FLASHCPP_CPU_KERNEL");
     const std::string_view kernel = choice ? choice : "";
-    return kernel != "generic" && kernel != "avx512" && amx_present();
+    return kernel != "generic" && kernel != "avx512" && avx512_forward_usable() && amx_present();
   }();
   return present && p.dtype == ElementType::bf16 && p.head_dim % 32 == 0 &&
          p.head_dim_v % 32 == 0;
