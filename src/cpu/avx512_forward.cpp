@@ -7,7 +7,8 @@
 //     horizontal reductions) and works on a 16 KiB strip while it is in L1;
 //   - O += P V broadcasts P^T elements against V rows, again read in place or converted.
 // No input-sized copies: the extra memory is per thread, about
-// 4 * (128 * (D + 2 * Dv) + 128 * (D + Dv) + 128 * 32) bytes (0.5 MiB at D = Dv = 128).
+// 4 * (2 * 128 * (D + Dv) + 128 * 32) bytes (Q^T and O rows, a key block of K and V, one
+// strip of scores: 0.27 MiB at D = Dv = 128).
 // docs/design/cpu_kernels.md has the measurements behind the shapes.
 #include "cpu/avx512_forward.hpp"
 
