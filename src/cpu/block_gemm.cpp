@@ -1,5 +1,8 @@
 #include "cpu/block_gemm.hpp"
 
+#include "cpu/avx512_forward.hpp"
+#include "cpu/block_gemm_avx512.hpp"
+
 #include <algorithm>
 #include <climits>
 
@@ -46,6 +49,10 @@ void gemm_loops(Op op_a, Op op_b, int m, int n, int k, float alpha, const float*
 void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                 std::int64_t ldc) {
+  if (avx512_forward_usable()) {
+    block_gemm_avx512(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   // BLAS wants ints and leading dimensions of at least the row length; strided views can break
   // either (a one-row tensor may have any row stride, a broadcast one stride 0).
   const auto fits = [](std::int64_t ld, int row_length) {
@@ -67,7 +74,8 @@ int blas_holders = 0;       // SingleThreadedBlas objects alive, over all thread
 int blas_saved_threads = 1; // the count before the first of them
 }  // namespace
 
-SingleThreadedBlas::SingleThreadedBlas() {
+SingleThreadedBlas::SingleThreadedBlas() : held_(!avx512_forward_usable()) {
+  if (!held_) return;  // block_gemm does not call the BLAS: leave its thread count alone
   const std::lock_guard<std::mutex> lock(blas_threads_mutex);
   if (blas_holders++ > 0) return;
   blas_saved_threads = openblas_get_num_threads();
@@ -75,6 +83,7 @@ SingleThreadedBlas::SingleThreadedBlas() {
 }
 
 SingleThreadedBlas::~SingleThreadedBlas() {
+  if (!held_) return;
   const std::lock_guard<std::mutex> lock(blas_threads_mutex);
   if (--blas_holders == 0 && blas_saved_threads != 1) openblas_set_num_threads(blas_saved_threads);
 }
@@ -86,10 +95,14 @@ const char* block_gemm_name() { return "openblas"; }
 void block_gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a,
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                 std::int64_t ldc) {
+  if (avx512_forward_usable()) {
+    block_gemm_avx512(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   gemm_loops(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-SingleThreadedBlas::SingleThreadedBlas() = default;
+SingleThreadedBlas::SingleThreadedBlas() : held_(false) {}
 SingleThreadedBlas::~SingleThreadedBlas() = default;
 
 const char* block_gemm_name() { return "loops"; }

@@ -31,7 +31,9 @@ void clear_varlen_tails(const BackwardParams& params, std::int64_t rows_q, std::
 // each sequence over its keys with the float64 reference (`reference`) or the tiled backend.
 void kvcache_forward(const KVCacheParams& params, bool reference);
 
-// Name of the kernel tiled_forward runs, for RunInfo ("cpu_tiled_openblas", ...).
-const char* tiled_kernel_name();
+// Name of the kernel tiled_forward runs for `forward` ("cpu_tiled_amx", "cpu_tiled_avx512",
+// "cpu_tiled_openblas", ...), or tiled_backward runs when `forward` is null (its block products
+// on AVX-512: "cpu_tiled_avx512", else "cpu_tiled_openblas").
+const char* tiled_kernel_name(const ForwardParams* forward);
 
 }  // namespace flashcpp::detail::cpu

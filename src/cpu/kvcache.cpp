@@ -1,5 +1,6 @@
-// Attention against a KV cache on the CPU: the append, then one batch-1 forward per sequence
-// through the existing backends (float64 reference or tiled), so no attention math lives here.
+// Attention against a KV cache on the CPU: the append, then either the split-key decode kernel
+// (few query rows per KV head, AVX-512: kvcache_decode.cpp) or one batch-1 forward per sequence
+// through the existing backends (float64 reference or tiled).
 // A contiguous cache is attended in place; a paged sequence's keys are first gathered into a
 // contiguous copy. Only rows below a sequence's length are touched: rows past it and unused
 // pages may hold anything (NaN included).
@@ -9,16 +10,11 @@
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu/element_io.hpp"
+#include "cpu/kvcache_decode.hpp"
+#include "cpu/kvcache_rows.hpp"
 
 namespace flashcpp::detail::cpu {
 namespace {
-
-// Element offset of row `row` (head 0, dim 0) of sequence b in a cache with strides `s`.
-std::int64_t cache_row(const KVCacheParams& p, const Strides& s, int b, std::int64_t row) {
-  if (!p.paged()) return b * s.batch + row * s.row;
-  const std::int64_t page = p.block_table[b * p.block_table_stride + row / p.page_size];
-  return page * s.batch + row % p.page_size * s.row;
-}
 
 // Copies `heads` head vectors of `dim` elements (each contiguous) between two rows.
 void copy_row(void* dst, std::int64_t dst_row, std::int64_t dst_head_stride, const void* src,
@@ -71,6 +67,10 @@ std::vector<char> gather(const KVCacheParams& p, const void* cache, const Stride
 
 void kvcache_forward(const KVCacheParams& p, bool reference) {
   if (p.appends()) append(p);
+  if (!reference && kvcache_decode_usable(p)) {
+    kvcache_decode(p);
+    return;
+  }
   const std::int64_t bytes = element_bytes(p.dtype);
   for (int b = 0; b < p.batch; ++b) {
     const int keys = p.cache_seqlens[b] + (p.appends() ? p.seqlen_q : 0);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx_forward.hpp"
+#include "cpu/avx512_forward.hpp"
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -123,6 +125,14 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
 }  // namespace
 
 void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
+  if (amx_forward_usable(p)) {
+    amx_forward(p);
+    return;
+  }
+  if (avx512_forward_usable()) {
+    avx512_forward(p);
+    return;
+  }
   const SingleThreadedBlas single_threaded;
   const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
                   k_input(p, p.v, p.v_stride, p.head_dim_v)};
@@ -149,9 +159,11 @@ void tiled_forward(const ForwardParams& p, bool non_finite_inputs) {
   }
 }
 
-const char* tiled_kernel_name() {
-  static const std::string name = std::string("cpu_tiled_") + block_gemm_name();
-  return name.c_str();
+const char* tiled_kernel_name(const ForwardParams* forward) {
+  static const std::string generic = std::string("cpu_tiled_") + block_gemm_name();
+  if (forward && amx_forward_usable(*forward)) return "cpu_tiled_amx";
+  if (avx512_forward_usable()) return "cpu_tiled_avx512";  // forward, or block_gemm in backward
+  return generic.c_str();
 }
 
 }  // namespace flashcpp::detail::cpu
