@@ -21,9 +21,11 @@ struct Planned {
   Plan plan;
 };
 
-Planned plan_call(const KVCacheTensors& t, const AttentionOptions& options) {
+// `copies` holds the host lengths and block table the params point to: keep it for the run.
+Planned plan_call(const KVCacheTensors& t, const AttentionOptions& options,
+                  detail::HostCopies& copies) {
   const Backend family = detail::check_backend(t.q, options);
-  Planned r{detail::validate_kvcache(t, options, family), {}};
+  Planned r{detail::validate_kvcache(t, options, family, copies), {}};
   if (family == Backend::cpu || family == Backend::cpu_reference) {
     r.plan.backend = family;
     r.plan.kernel = family == Backend::cpu ? "cpu_kvcache" : "cpu_reference_f64_kvcache";
@@ -41,13 +43,15 @@ Planned plan_call(const KVCacheTensors& t, const AttentionOptions& options) {
 
 KVCachePlan plan_attention_with_kvcache(const KVCacheTensors& tensors,
                                         const AttentionOptions& options) {
-  const Plan plan = plan_call(tensors, options).plan;
+  detail::HostCopies copies;
+  const Plan plan = plan_call(tensors, options, copies).plan;
   return {plan.backend, plan.kernel, plan.num_splits, plan.workspace_bytes};
 }
 
 RunInfo attention_with_kvcache(const KVCacheTensors& tensors, const AttentionOptions& options,
                                Stream stream, Workspace workspace) {
-  const Planned call = plan_call(tensors, options);
+  detail::HostCopies copies;
+  const Planned call = plan_call(tensors, options, copies);
   if (call.plan.backend == Backend::cpu || call.plan.backend == Backend::cpu_reference) {
     if (call.params.batch > 0) detail::cpu::kvcache_forward(call.params, call.plan.backend == Backend::cpu_reference);
     return call.plan.run_info();

@@ -398,7 +398,7 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
 }
 
 KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& options,
-                               Backend backend) {
+                               Backend backend, HostCopies& copies) {
   const bool paged = t.block_table != nullptr;
   if ((t.k_new == nullptr) != (t.v_new == nullptr)) fail("k_new and v_new must be given together");
   const char* cache_layout = paged ? "[num_pages, page_size, Hkv, D]" : "[B, Nmax, Hkv, D]";
@@ -516,10 +516,23 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
                      {{&t.q, "q"}, {&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"},
                       {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
 
-  // Host-side lengths and pages (CPU tensors): every key a sequence will read lies in the cache.
+  // Host-side lengths and pages (CPU tensors): copied first (another thread may change the
+  // caller's arrays during the call), then every key a sequence will read must lie in the cache.
   const std::int64_t appended = t.k_new != nullptr ? nnew : 0;
-  if (lens.device.type == DeviceType::cpu && batch > 0) {
-    const auto* l = static_cast<const std::int32_t*>(lens.data);
+  const bool host_lengths = lens.device.type == DeviceType::cpu && batch > 0;
+  std::int64_t table_width = 0;
+  if (host_lengths) {
+    const auto* source = static_cast<const std::int32_t*>(lens.data);
+    copies.cache_seqlens.assign(source, source + batch);
+    if (paged) {
+      table_width = t.block_table->shape[1];
+      copies.block_table.resize(static_cast<std::size_t>(batch * table_width));
+      const auto* bt = static_cast<const std::int32_t*>(t.block_table->data);
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t pg = 0; pg < table_width; ++pg)
+          copies.block_table[b * table_width + pg] = bt[b * t.block_table->stride[0] + pg];
+    }
+    const std::int32_t* l = copies.cache_seqlens.data();
     for (std::int64_t b = 0; b < batch; ++b) {
       if (l[b] < 0) fail("cache_seqlens[", b, "]: must be >= 0, got ", l[b]);
       if (l[b] + appended > capacity)
@@ -527,10 +540,9 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
              " keys (cache_seqlens[", b, "] = ", l[b], appended ? " plus the new tokens" : "",
              "), more than the cache's capacity of ", capacity);
       if (paged) {
-        const auto* bt = static_cast<const std::int32_t*>(t.block_table->data);
         const std::int64_t pages = (l[b] + appended + t.k_cache.shape[1] - 1) / t.k_cache.shape[1];
         for (std::int64_t pg = 0; pg < pages; ++pg) {
-          const std::int32_t page = bt[b * t.block_table->stride[0] + pg];
+          const std::int32_t page = copies.block_table[b * table_width + pg];
           if (page < 0 || page >= t.k_cache.shape[0])
             fail("block_table[", b, "][", pg, "]: page ", page, " is outside the cache's ",
                  t.k_cache.shape[0], " pages");
@@ -551,10 +563,12 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     p.lse_head_stride = t.lse->stride[1];
   }
   apply_options(p, options, t.q);
-  p.cache_seqlens = static_cast<const std::int32_t*>(lens.data);
+  p.cache_seqlens = host_lengths ? copies.cache_seqlens.data()
+                                  : static_cast<const std::int32_t*>(lens.data);
   if (paged) {
-    p.block_table = static_cast<const std::int32_t*>(t.block_table->data);
-    p.block_table_stride = t.block_table->stride[0];
+    p.block_table = host_lengths ? copies.block_table.data()
+                                 : static_cast<const std::int32_t*>(t.block_table->data);
+    p.block_table_stride = host_lengths ? table_width : t.block_table->stride[0];
     p.page_size = static_cast<int>(t.k_cache.shape[1]);
     const auto size = static_cast<unsigned>(p.page_size);
     p.page_shift = std::has_single_bit(size) ? std::countr_zero(size) : -1;

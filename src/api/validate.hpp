@@ -38,10 +38,12 @@ struct BackwardTensors {
 Backend check_backend(const TensorView& q, const AttentionOptions& options);
 
 // Host memory validation reads and the backends then use: the params point into it, so it must
-// outlive the run. Varlen offsets in host memory are copied here before they are checked, so a
-// thread that changes the caller's array during the call cannot break what was validated.
+// outlive the run. Varlen offsets, KV-cache lengths and block tables in host memory are copied
+// here before they are checked, so a thread that changes the caller's arrays during the call
+// cannot break what was validated.
 struct HostCopies {
   std::vector<std::int32_t> cu_seqlens_q, cu_seqlens_k;
+  std::vector<std::int32_t> cache_seqlens, block_table;  // block_table: rows of its own width
 };
 
 // `given`: out and lse are the call's outputs and must not overlap the inputs or each other;
@@ -60,6 +62,6 @@ BackwardParams validate_backward(const BackwardTensors& t, const AttentionOption
 // length plus the appended rows within the capacity, every page of a sequence's keys in
 // range); on CUDA they are device memory and are never read on the host.
 KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& options,
-                               Backend backend);
+                               Backend backend, HostCopies& copies);
 
 }  // namespace flashcpp::detail

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flashcpp/flashcpp.hpp"
@@ -272,6 +275,34 @@ TEST(KvCacheErrors, NothingWrittenOnError) {
   c.page(1, 2, 99);  // sequence 1's third page
   EXPECT_EQ(c.run(), "block_table[1][2]: page 99 is outside the cache's 6 pages");
   for (int i = 0; i < 20480; ++i) ASSERT_TRUE(std::isnan(c.storage[i])) << i;
+}
+
+// Another thread rewrites a length and a page while calls run: the library must validate and
+// use its own copies of both (before, the kernel re-read the caller's arrays, so a length
+// changed after validation made it read past the cache). Every call either succeeds or names
+// the argument it refused.
+TEST(KvCacheErrors, LengthsAndPagesChangedDuringTheCall) {
+  KvCall c;
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    std::atomic_ref<std::int32_t> length(c.lengths[1]);
+    std::atomic_ref<std::int32_t> page(c.table[1 * kMaxPages + 2]);
+    for (std::uint64_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
+      length.store(n % 2 ? 14 : 1 << 30, std::memory_order_relaxed);
+      page.store(n % 3 ? 2 : 1 << 30, std::memory_order_relaxed);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  std::string verdict = "ok";
+  for (int i = 0; i < 200; ++i) {
+    const std::string e = c.run();
+    if (e != "no error" && e.find("k_new: sequence 1") == std::string::npos &&
+        e.find("block_table[1][2]") == std::string::npos)
+      verdict = e;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(verdict, "ok");
 }
 
 }  // namespace
