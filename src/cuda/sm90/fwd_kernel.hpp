@@ -105,11 +105,14 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       // to the consumers.
       int entry = 0;
       auto publish = [&](int slot) {
-        if (!dynamic) return slot;
-        TileCoord t;
-        while (slot < num_slots && !Scheduler::tile(kp, slot, t))
-          slot = DynamicTileQueue::take(kp);
-        DynamicTileQueue::push(ss.tile_queue, entry++, slot);
+        if constexpr (Traits::kVarlen) {
+          if (dynamic) {
+            TileCoord t;
+            while (slot < num_slots && !Scheduler::tile(kp, slot, t))
+              slot = DynamicTileQueue::take(kp);
+            DynamicTileQueue::push(ss.tile_queue, entry++, slot);
+          }
+        }
         return slot;
       };
       for (int slot = publish(dynamic ? int(blockIdx.x) : Scheduler::first(kp, blockIdx.x));
