@@ -192,6 +192,9 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
       // sequence and columns past the real head dim are not written.
       float* const dq_rows = kp.dq_accum + ws0 * D;
+      // The common case, uniform over the CTA: the head dim is the instantiated one and the
+      // block lies inside the sequence.
+      const bool dq_whole = D == Tr::kHeadDim && m0 + BM <= sq;
 #pragma unroll
       for (int chunk = 0; chunk < Tr::kDqNT / Tr::kDqChunkNT; ++chunk) {
         const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
@@ -199,6 +202,24 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
         clear_acc(acc_dq);
         warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
             acc_dq, sdS, q_row0, sK, col0);
+        if (dq_whole) {
+          // Every element in range: one address per thread, the rest compile-time offsets
+          // from it (no per-element address arithmetic or branch, and no register reuse
+          // that would make each atomic wait for the previous one to read its address).
+          float* const base = dq_rows + std::int64_t(m0 + q_row0 + acc_row(0, 0)) * Tr::kHeadDim +
+                              col0 + acc_col(0, 0);
+#pragma unroll
+          for (int mt = 0; mt < Tr::kDqMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int nt = 0; nt < Tr::kDqChunkNT; ++nt)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2)
+                  atomicAdd(base + (mt * 16 + h * 8) * Tr::kHeadDim + nt * 8 + e2,
+                            acc_dq[mt][nt][2 * h + e2]);
+          continue;
+        }
 #pragma unroll
         for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
