@@ -46,8 +46,11 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 // sm80 choices where they fit 163 KB. dQ with 2 warps along the queries (32 x D/4 per warp:
 // 4 ldmatrix per 8 mma.sync at d128, against 5 for 16 x D/2) where D/4 is a multiple of 16 and
 // it does not add spills (d128 64x128: 48 -> 72 bytes with it; d192, d256 keep 16-row chunks).
+// d64 at 163 KB: FA2's 128x128 (twice the mma.sync per block of 64x128 for the same
+// per-block overhead: barriers, the element-wise step, the loads; 28 bytes of spills on sm_80).
 inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
     {32, 64, 128, 8, 2, 2, 2, 4, 4},   // 72 KB
+    {64, 128, 128, 8, 2, 2, 2, 4, 4},  // 160 KB
     {64, 64, 128, 8, 2, 2, 2, 4, 2},   // 96 KB
     {96, 64, 128, 8, 2, 2, 2, 4, 4},   // 136 KB
     {96, 64, 64, 8, 2, 2, 2, 4, 4},    // 94 KB
