@@ -40,7 +40,8 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 
 // Rows of one head dim go largest shared memory first; the launcher takes the first row that
 // fits the device's per-block opt-in (or FLASHCPP_SM80_SMEM_BUDGET, bwd_smem_budget.hpp):
-// 163 KB on A100 (and H100/H200, which run the same rows), 99 KB on sm86/sm89.
+// 227 KB on H100/H200, 163 KB on A100, 99 KB on sm86/sm89 (a head dim has at most three rows;
+// only d256 has one above 163 KB: FA2's H100 choice, Q double-buffered).
 // Registers per thread (8 warps): dK + dV are 2 * block_n * head_dim / 256 floats, S + dP
 // 2 * block_m * block_n / 256 (d128 64x128: 128 + 64). The tiles follow FlashAttention-2's
 // sm80 choices where they fit 163 KB. dQ with 2 warps along the queries (32 x D/4 per warp:
@@ -60,6 +61,7 @@ inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
     {128, 64, 64, 8, 2, 1, 2, 4, 2},   // 96 KB
     {192, 64, 64, 8, 2, 2, 2, 4, 4},   // 160 KB
     {192, 32, 64, 8, 2, 1, 2, 4, 2},   // 92 KB
+    {256, 64, 64, 8, 2, 1, 2, 2, 2},   // 176 KB (H100/H200)
     {256, 64, 64, 8, 1, 1, 2, 2, 2},   // 144 KB
     {256, 32, 32, 4, 2, 1, 2, 2, 2},   // 85 KB
 };
