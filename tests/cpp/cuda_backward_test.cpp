@@ -345,9 +345,9 @@ TEST_P(CudaBackwardSm80, LargeAndPaddedHeadDims) {
 
 // Every tile row of the main kernel (sm80/bwd_tile_table.hpp): each instantiated head dim,
 // causal or not, lengths that cut query and key blocks of every row's sizes (1, 113, 203, 257,
-// 300), GQA 4/2, both dtypes. Run as is on a large GPU it covers the 163 KB rows; the ctest
-// entry cuda_backward_sm80_smem99 runs it again with FLASHCPP_SM80_SMEM_BUDGET=99 (the sm86 /
-// sm89 rows).
+// 300), GQA 4/2, both dtypes. Run as is on an H100 it covers the largest rows; the ctest
+// entries cuda_backward_sm80_smem163 and cuda_backward_sm80_smem99 run it again with
+// FLASHCPP_SM80_SMEM_BUDGET=163 (the A100 rows) and =99 (the sm86 / sm89 rows).
 TEST_P(CudaBackwardSm80, EveryTileRow) {
   for (int d : {32, 64, 96, 128, 192, 256})
     for (auto [nq, nk] : Lengths{{1, 1}, {113, 203}, {257, 300}, {300, 129}})

@@ -192,6 +192,9 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
       // sequence and columns past the real head dim are not written.
       float* const dq_rows = kp.dq_accum + ws0 * D;
+      // The common case, uniform over the CTA: the head dim is the instantiated one and the
+      // block lies inside the sequence.
+      const bool dq_whole = D == Tr::kHeadDim && m0 + BM <= sq;
 #pragma unroll
       for (int chunk = 0; chunk < Tr::kDqNT / Tr::kDqChunkNT; ++chunk) {
         const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
@@ -199,6 +202,24 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
         clear_acc(acc_dq);
         warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
             acc_dq, sdS, q_row0, sK, col0);
+        if (dq_whole) {
+          // Every element in range: one address per thread, the rest compile-time offsets
+          // from it (no per-element address arithmetic or branch, and no register reuse
+          // that would make each atomic wait for the previous one to read its address).
+          float* const base = dq_rows + std::int64_t(m0 + q_row0 + acc_row(0, 0)) * Tr::kHeadDim +
+                              col0 + acc_col(0, 0);
+#pragma unroll
+          for (int mt = 0; mt < Tr::kDqMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int nt = 0; nt < Tr::kDqChunkNT; ++nt)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2)
+                  atomicAdd(base + (mt * 16 + h * 8) * Tr::kHeadDim + nt * 8 + e2,
+                            acc_dq[mt][nt][2 * h + e2]);
+          continue;
+        }
 #pragma unroll
         for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
@@ -221,11 +242,36 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
 
   // dK * scale and dV straight from the accumulators; rows past the sequence's seqlen_k and
-  // columns past the real head dim dropped. (2-byte stores: dk / dv may be any alignment.)
+  // columns past the real head dim dropped.
   Element* const dk = static_cast<Element*>(p.dk) +
                       seq.offset(p.dk_stride, seq.batch_k, seq.row_k + n0, hk);
   Element* const dv = static_cast<Element*>(p.dv) +
                       seq.offset(p.dv_stride, seq.batch_k, seq.row_k + n0, hk);
+  // The usual case (instantiated head dim, even row strides, 4-byte aligned rows): a thread's
+  // two neighbouring columns as one 4-byte store, from one row address per row (half the
+  // stores and none of the per-element column checks). Otherwise 2-byte stores.
+  const bool pairs = D == Tr::kHeadDim && p.dk_stride.row % 2 == 0 && p.dv_stride.row % 2 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(dk) % 4 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(dv) % 4 == 0;
+  if (pairs) {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kDkvMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = kv_row0 + acc_row(mt, h);
+        if (row >= rows_k) continue;
+        Element* const dk_row = dk + row * p.dk_stride.row + kv_col0 + acc_col(0, 0);
+        Element* const dv_row = dv + row * p.dv_stride.row + kv_col0 + acc_col(0, 0);
+#pragma unroll
+        for (int nt = 0; nt < Tr::kDkvNT; ++nt) {
+          *reinterpret_cast<std::uint32_t*>(dk_row + nt * 8) = pack2<Element>(
+              acc_dk[mt][nt][2 * h] * p.scale, acc_dk[mt][nt][2 * h + 1] * p.scale);
+          *reinterpret_cast<std::uint32_t*>(dv_row + nt * 8) =
+              pack2<Element>(acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
+        }
+      }
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < Tr::kDkvMT; ++mt)
 #pragma unroll

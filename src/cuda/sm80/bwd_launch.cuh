@@ -52,14 +52,16 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   // The main kernel's tile: the first row of this head dim that fits the budget.
   constexpr int kTile0 = sm80_bwd_tile_index_nth(kHeadDim, 0);
   constexpr int kTile1 = sm80_bwd_tile_index_nth(kHeadDim, 1);
+  constexpr int kTile2 = sm80_bwd_tile_index_nth(kHeadDim, 2);
+  constexpr int kLastTile = kTile2 >= 0 ? kTile2 : kTile1 >= 0 ? kTile1 : kTile0;
   static_assert(kTile0 >= 0, "every instantiated head dim has a main-kernel tile row");
-  static_assert(sm80_bwd_tile_index_nth(kHeadDim, 2) < 0, "at most two rows per head dim");
+  static_assert(sm80_bwd_tile_index_nth(kHeadDim, 3) < 0, "at most three rows per head dim");
   int device = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   const int budget = sm80_bwd_smem_budget(device);
   const int tile = sm80_bwd_tile_index(kHeadDim, budget);
   if (tile < 0) {
-    const int smallest = sm80_bwd_smem_bytes(kSm80BwdTiles[kTile1 >= 0 ? kTile1 : kTile0]);
+    const int smallest = sm80_bwd_smem_bytes(kSm80BwdTiles[kLastTile]);
     throw Error("q: head dim " + std::to_string(p.head_dim) +
                 ": the sm80 backward needs " + std::to_string(smallest) +
                 " bytes of shared memory per block, this GPU (or FLASHCPP_SM80_SMEM_BUDGET) allows " +
@@ -79,8 +81,12 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   if (n_blocks > 0) {
     if (tile == kTile0)
       launch_bwd_main<E, kTile0>(kp, n_blocks, stream);
-    else if constexpr (kTile1 >= 0)
-      launch_bwd_main<E, kTile1>(kp, n_blocks, stream);
+    else if constexpr (kTile1 >= 0) {
+      if (tile == kTile1)
+        launch_bwd_main<E, kTile1>(kp, n_blocks, stream);
+      else if constexpr (kTile2 >= 0)
+        launch_bwd_main<E, kTile2>(kp, n_blocks, stream);
+    }
   }
   if (p.seqlen_q == 0) return;
   if (p.deterministic) {

@@ -40,14 +40,20 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 
 // Rows of one head dim go largest shared memory first; the launcher takes the first row that
 // fits the device's per-block opt-in (or FLASHCPP_SM80_SMEM_BUDGET, bwd_smem_budget.hpp):
-// 163 KB on A100 (and H100/H200, which run the same rows), 99 KB on sm86/sm89.
+// 227 KB on H100/H200, 163 KB on A100, 99 KB on sm86/sm89 (a head dim has at most three rows;
+// only d256 has one above 163 KB: FA2's H100 choice, Q double-buffered).
 // Registers per thread (8 warps): dK + dV are 2 * block_n * head_dim / 256 floats, S + dP
 // 2 * block_m * block_n / 256 (d128 64x128: 128 + 64). The tiles follow FlashAttention-2's
 // sm80 choices where they fit 163 KB. dQ with 2 warps along the queries (32 x D/4 per warp:
 // 4 ldmatrix per 8 mma.sync at d128, against 5 for 16 x D/2) where D/4 is a multiple of 16 and
 // it does not add spills (d128 64x128: 48 -> 72 bytes with it; d192, d256 keep 16-row chunks).
+// d64 at 163 KB: FA2's 128x128 (twice the mma.sync per block of 64x128 for the same
+// per-block overhead: barriers, the element-wise step, the loads; 28 bytes of spills on sm_80).
+// d256 at 163 KB: dK/dV and dQ as 2 x 4 warp grids (32 x 64 per warp: 6 ldmatrix per 16
+// mma.sync, against 9 for 16 x 128), as FA2; spills about the same (36 B stores either way).
 inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
     {32, 64, 128, 8, 2, 2, 2, 4, 4},   // 72 KB
+    {64, 128, 128, 8, 2, 2, 2, 4, 4},  // 160 KB
     {64, 64, 128, 8, 2, 2, 2, 4, 2},   // 96 KB
     {96, 64, 128, 8, 2, 2, 2, 4, 4},   // 136 KB
     {96, 64, 64, 8, 2, 2, 2, 4, 4},    // 94 KB
@@ -55,7 +61,8 @@ inline constexpr Sm80BwdTile kSm80BwdTiles[] = {
     {128, 64, 64, 8, 2, 1, 2, 4, 2},   // 96 KB
     {192, 64, 64, 8, 2, 2, 2, 4, 4},   // 160 KB
     {192, 32, 64, 8, 2, 1, 2, 4, 2},   // 92 KB
-    {256, 64, 64, 8, 1, 1, 2, 4, 4},   // 144 KB
+    {256, 64, 64, 8, 2, 1, 2, 2, 2},   // 176 KB (H100/H200)
+    {256, 64, 64, 8, 1, 1, 2, 2, 2},   // 144 KB
     {256, 32, 32, 4, 2, 1, 2, 2, 2},   // 85 KB
 };
 inline constexpr int kSm80BwdTileCount = int(sizeof(kSm80BwdTiles) / sizeof(kSm80BwdTiles[0]));

@@ -34,18 +34,36 @@ __device__ __forceinline__ void clear_acc(float (&acc)[MT][NT][4]) {
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 }
 
+// SmemMatrix's swizzled chunk index of column k0 + 8 half (k0 a multiple of 16, known at
+// compile time once the k loop is unrolled; half 0 or 1) in a row r with r & 7 == lr: the
+// chunk k0 / 8 + half is k0 / 8 | half, and the XOR with lr < 8 only touches its low three
+// bits, so the high part stays a constant and the low part is (k0 / 8 & 7) ^ (half ^ lr).
+// Row origins (m0, n0 of the callers) are multiples of 16, so the rows' r & 7 is lr.
+__device__ __forceinline__ int swizzled_chunk(int k0, int half, int lr) {
+  return (k0 >> 3 & ~7) + ((k0 >> 3 & 7) ^ half ^ lr);
+}
+
 // The A fragments (16 rows each, k16 slice k0) of rows [m0, m0 + 16 MT).
 // kTrans: the matrix is stored as MatA[k][m], else MatA[m][k].
 template <class MatA, bool kTrans, int MT, class Element>
 __device__ __forceinline__ void load_a(std::uint32_t (&f)[MT][4], const Element* a, int m0, int k0) {
   const int lane = threadIdx.x & 31;
   const int lr = lane & 7, l8 = (lane >> 3) & 1, l16 = lane >> 4;
+  if constexpr (!kTrans && MatA::kSwizzled) {
+    // The swizzled offset of row m0 + mt 16 + lr + 8 l8, column k0 + 8 l16, taken apart so
+    // that only one XOR per k slice is left at run time, shared by the MT loads.
+    const Element* const row = a + (m0 + lr + l8 * 8) * MatA::kLd;
+    const int chunk = swizzled_chunk(k0, l16, lr);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if constexpr (kTrans)
-      ldmatrix_x4_trans(f[mt], a + MatA::offset(k0 + lr + l16 * 8, m0 + mt * 16 + l8 * 8));
-    else
-      ldmatrix_x4(f[mt], a + MatA::offset(m0 + mt * 16 + lr + l8 * 8, k0 + l16 * 8));
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(f[mt], row + mt * 16 * MatA::kLd + chunk * 8);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kTrans)
+        ldmatrix_x4_trans(f[mt], a + MatA::offset(k0 + lr + l16 * 8, m0 + mt * 16 + l8 * 8));
+      else
+        ldmatrix_x4(f[mt], a + MatA::offset(m0 + mt * 16 + lr + l8 * 8, k0 + l16 * 8));
+    }
   }
 }
 
@@ -56,12 +74,20 @@ template <class MatB, bool kTrans, int NT, class Element>
 __device__ __forceinline__ void load_b(std::uint32_t (&f)[NT / 2][4], const Element* b, int n0, int k0) {
   const int lane = threadIdx.x & 31;
   const int lr = lane & 7, l8 = (lane >> 3) & 1, l16 = lane >> 4;
+  if constexpr (!kTrans && MatB::kSwizzled) {
+    // As in load_a: row n0 + j 16 + lr + 8 l16, column k0 + 8 l8.
+    const Element* const row = b + (n0 + lr + l16 * 8) * MatB::kLd;
+    const int chunk = swizzled_chunk(k0, l8, lr);
 #pragma unroll
-  for (int j = 0; j < NT / 2; ++j) {
-    if constexpr (kTrans)
-      ldmatrix_x4_trans(f[j], b + MatB::offset(k0 + lr + l8 * 8, n0 + j * 16 + l16 * 8));
-    else
-      ldmatrix_x4(f[j], b + MatB::offset(n0 + j * 16 + lr + l16 * 8, k0 + l8 * 8));
+    for (int j = 0; j < NT / 2; ++j) ldmatrix_x4(f[j], row + j * 16 * MatB::kLd + chunk * 8);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {
+      if constexpr (kTrans)
+        ldmatrix_x4_trans(f[j], b + MatB::offset(k0 + lr + l8 * 8, n0 + j * 16 + l16 * 8));
+      else
+        ldmatrix_x4(f[j], b + MatB::offset(n0 + j * 16 + lr + l16 * 8, k0 + l8 * 8));
+    }
   }
 }
 
