@@ -294,25 +294,12 @@ TEST_P(CudaBackward, VarlenWithEmptySequences) {
   check(c);
 }
 
-// Varlen lengths around the tile sizes at each sm90 head dim (and d96, zero-padded), keys
-// longer and shorter than queries, causal, a window, softcap and GQA 4/2: sequences end
-// mid-block, so key and query blocks reach into their neighbours' rows.
+// The varlen sweep (make_varlen_mixed) at each sm90 head dim and d96 (zero-padded to 128).
 TEST_P(CudaBackward, VarlenMixedLengths) {
-  struct Options { bool causal; int wl, wr; float softcap; };
-  const Options options[] = {{false, -1, -1, 0.f}, {true, -1, -1, 0.f}, {false, 100, 7, 0.f},
-                             {true, -1, -1, 30.f}};
   for (int d : {64, 96, 128, 256})
-    for (const Options& opt : options) {
+    for (const MaskCase& m : kVarlenMasks) {
       BwdCase c = base();
-      c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
-      c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
-      c.Hq = 4;
-      c.Hkv = 2;
-      c.D = d;
-      c.causal = opt.causal;
-      c.wl = opt.wl;
-      c.wr = opt.wr;
-      c.softcap = opt.softcap;
+      make_varlen_mixed(c, d, m);
       check(c);
     }
 }

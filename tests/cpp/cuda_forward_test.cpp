@@ -165,41 +165,23 @@ TEST_P(CudaForward, VarlenWithEmptySequence) {
   }
 }
 
-// Varlen lengths around the tile sizes (1, 79-81, 127-129, 255-257, one long sequence), keys
-// longer and shorter than queries, at each sm90 head dim and d96 (zero-padded to 128), with
-// causal, a window, softcap and GQA 4/2; sequences end mid-tile, so tiles reach into their
-// neighbours' rows. With the workspace the call asks for (sm90a: the dynamic tile deal).
+// The varlen sweep (make_varlen_mixed) at each sm90 head dim and d96 (zero-padded to 128),
+// with the workspace the call asks for (sm90a: the dynamic tile deal).
 TEST_P(CudaForward, VarlenMixedLengths) {
-  struct Options { bool causal; int wl, wr; float softcap; };
-  const Options options[] = {{false, -1, -1, 0.f}, {true, -1, -1, 0.f}, {false, 100, 7, 0.f},
-                             {true, -1, -1, 30.f}};
   for (int d : {64, 96, 128, 256})
-    for (const Options& opt : options) {
+    for (const MaskCase& m : kVarlenMasks) {
       FwdCase c = base();
-      c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
-      c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
-      c.Hq = 4;
-      c.Hkv = 2;
-      c.D = d;
-      c.causal = opt.causal;
-      c.wl = opt.wl;
-      c.wr = opt.wr;
-      c.softcap = opt.softcap;
+      make_varlen_mixed(c, d, m);
       check(c);
     }
 }
 
 // The same lengths without a workspace: sm90a deals the varlen tiles statically then.
 TEST_P(CudaForward, VarlenWithoutWorkspace) {
-  for (bool causal : {false, true}) {
+  for (const MaskCase& m : {kVarlenMasks[0], kVarlenMasks[1]}) {
     FwdCase c = base();
     c.give_workspace = false;
-    c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
-    c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
-    c.Hq = 4;
-    c.Hkv = 2;
-    c.D = 128;
-    c.causal = causal;
+    make_varlen_mixed(c, 128, m);
     check(c);
   }
 }

@@ -230,6 +230,28 @@ struct CaseBase {
   bool varlen() const { return !seqlens_q.empty(); }
 };
 
+// The varlen sweep of both passes: lengths around the tile sizes (1, 79-81, 127-129, 255-257,
+// one long sequence), keys longer and shorter than queries, GQA 4/2, at head dim d with one of
+// kVarlenMasks. Sequences end mid-tile, so tiles reach into their neighbours' rows.
+struct MaskCase {
+  bool causal;
+  int wl, wr;
+  float softcap;
+};
+inline constexpr MaskCase kVarlenMasks[] = {
+    {false, -1, -1, 0.f}, {true, -1, -1, 0.f}, {false, 100, 7, 0.f}, {true, -1, -1, 30.f}};
+inline void make_varlen_mixed(CaseBase& c, int d, const MaskCase& m) {
+  c.seqlens_q = {1, 129, 80, 700, 127, 255, 0, 81};
+  c.seqlens_k = {1, 128, 300, 900, 79, 257, 13, 81};
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.D = d;
+  c.causal = m.causal;
+  c.wl = m.wl;
+  c.wr = m.wr;
+  c.softcap = m.softcap;
+}
+
 inline std::string describe(const CaseBase& c) {
   std::string lengths = "Nq=" + std::to_string(c.Nq) + " Nk=" + std::to_string(c.Nk);
   if (c.varlen()) {

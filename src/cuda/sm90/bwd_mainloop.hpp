@@ -142,10 +142,8 @@ struct BwdMainloop {
     // Varlen: K and V rows past the sequence's end (the next sequence's) are zeroed once.
     if constexpr (Traits::kVarlen) {
       if (n0 + kBlockN > mask.seqlen_k) {
-        zero_rows(sK, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
-        zero_rows(sV, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
-        cutlass::arch::fence_view_async_shared();
-        named_barrier_sync(NamedBarrier::kBwdKvTail, Traits::kConsumerThreads);
+        zero_rows_and_sync(mask.seqlen_k - n0, tid, Traits::kConsumerThreads,
+                           NamedBarrier::kBwdKvTail, sK, sV);
       }
     }
     if constexpr (Traits::kKVInRegisters) {
@@ -164,10 +162,9 @@ struct BwdMainloop {
         if constexpr (Traits::kVarlen) {
           if (m0 + kBlockM > mask.seqlen_q) {
             pipeline_do.consumer_wait(state);
-            zero_rows(sQ(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
-            zero_rows(sdO(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
-            cutlass::arch::fence_view_async_shared();
-            named_barrier_sync(NamedBarrier::kEpilogue0 + tid / 128, 128);
+            zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
+                               NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
+                               sdO(_, _, state.index()));
           }
         }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);

@@ -101,10 +101,8 @@ struct BwdMainloopSplitD {
     // Varlen: K and V rows past the sequence's end (the next sequence's) are zeroed once.
     if constexpr (Traits::kVarlen) {
       if (n0 + kBlockN > mask.seqlen_k) {
-        zero_rows(sK, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
-        zero_rows(sV, mask.seqlen_k - n0, tid, Traits::kConsumerThreads);
-        cutlass::arch::fence_view_async_shared();
-        named_barrier_sync(NamedBarrier::kBwdKvTail, Traits::kConsumerThreads);
+        zero_rows_and_sync(mask.seqlen_k - n0, tid, Traits::kConsumerThreads,
+                           NamedBarrier::kBwdKvTail, sK, sV);
       }
     }
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
@@ -119,10 +117,9 @@ struct BwdMainloopSplitD {
         if constexpr (Traits::kVarlen) {
           if (m0 + kBlockM > mask.seqlen_q) {
             pipeline_do.consumer_wait(state);
-            zero_rows(sQ(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
-            zero_rows(sdO(_, _, state.index()), mask.seqlen_q - m0, tid % 128, 128);
-            cutlass::arch::fence_view_async_shared();
-            named_barrier_sync(NamedBarrier::kEpilogue0 + tid / 128, 128);
+            zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
+                               NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
+                               sdO(_, _, state.index()));
           }
         }
         Tensor tSrQ_s = tSrQ(_, _, _, stage);

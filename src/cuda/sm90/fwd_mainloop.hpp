@@ -254,9 +254,8 @@ struct FwdMainloop {
   // its own threads' writes done before its product reads them.
   __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    zero_rows(sV(_, _, stage), first_row, tid % 128, 128);
-    cutlass::arch::fence_view_async_shared();
-    named_barrier_sync(tid / 128 == 0 ? NamedBarrier::kFwdVTail0 : NamedBarrier::kFwdVTail1, 128);
+    zero_rows_and_sync(first_row, tid % 128, 128, NamedBarrier::kFwdVTail0 + tid / 128,
+                       sV(_, _, stage));
   }
 };
 

@@ -6,6 +6,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "cuda/sm90/named_barriers.hpp"
+
 namespace flashcpp::detail::cuda::sm90 {
 
 // Rows [first_row, rows) of a (rows, cols) tile of 2-byte elements, written 16 bytes at a time
@@ -20,6 +22,17 @@ __device__ void zero_rows(SmemTile tile, int first_row, int thread, int threads)
   for (int i = (first_row > 0 ? first_row : 0) * kChunks + thread; i < kRows * kChunks;
        i += threads)
     *reinterpret_cast<uint4*>(&tile(i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
+}
+
+// zero_rows on each tile by the `threads` threads that share the work, then the writes made
+// visible to the async proxy (wgmma reads shared memory through it) and those threads synced
+// at `barrier`.
+template <class... SmemTiles>
+__device__ void zero_rows_and_sync(int first_row, int thread, int threads, NamedBarrier barrier,
+                                   SmemTiles... tiles) {
+  (zero_rows(tiles, first_row, thread, threads), ...);
+  cutlass::arch::fence_view_async_shared();
+  named_barrier_sync(barrier, threads);
 }
 
 }  // namespace flashcpp::detail::cuda::sm90
