@@ -1,20 +1,25 @@
 // FlashAttention-2 backward on the CPU, fp32 accumulation, recomputing P from the forward's lse.
 //
 // fp16/bf16 inputs are converted a block at a time into per-thread buffers (Fp32Rows).
-// Race-free and deterministic by construction, in three passes:
-//   0. row statistics: D_i = rowsum(dO_i * O_i) and lse in log2 units, per (batch, q head);
+// Race-free and deterministic by construction. First the row statistics: D_i =
+// rowsum(dO_i * O_i) and lse in log2 units, per (batch, q head). Then, when there are at least
+// two (batch, kv head) pairs per thread, one fused task per pair: it owns dQ of the group's
+// query heads and dK/dV of its keys (summing the GQA group itself), computes each score block
+// once and accumulates dK/dV in per-thread rows of the sequence's length. Otherwise two passes:
 //   1. dK, dV: one task per (batch, kv head, key block); it loops over the query heads of its
 //      group and their query blocks, so it owns its dK/dV rows and sums GQA groups itself;
-//   2. dQ: one task per (batch, q head, query block), looping over the visible key blocks.
-// Each output element is written by one task in a fixed order, so the gradients are bitwise
-// identical run to run whatever the thread count. The price is recomputing S and dP in pass 2
-// (7 block products per score block instead of 5); the alternatives were dQ atomics
-// (nondeterministic) or per-task dQ/dK partial buffers of O(B * Hq * N * D) floats.
+//   2. dQ: one task per (batch, q head, query block), looping over the visible key blocks,
+// which recomputes S and dP in pass 2 (7 block products per score block instead of 5).
+// Each output element is written by one task, and both ways add the same blocks in the same
+// order, so the gradients are bitwise identical run to run whatever the thread count. The
+// alternatives were dQ atomics (nondeterministic) or dQ partial buffers merged afterwards.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+#include <omp.h>
 
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
@@ -193,6 +198,19 @@ void row_stats(const BackwardParams& p, const Inputs& in, const Sequence& seq, i
   }
 }
 
+// Both algorithms below walk one grid, query blocks at multiples of kBlockM and key blocks at
+// multiples of kBlockN, and compute the pairs this says, in the same order for each
+// accumulated block: their gradients are bitwise identical. Rows of [r0, r0 + rows) see keys
+// forming one interval (keys_of_rows), so this is true exactly when some row sees some key.
+bool pair_visible(const BlockMask& mask, std::int64_t r0, int rows, std::int64_t c0, int cols) {
+  const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+  return std::max(span.begin, c0) < std::min(span.end, c0 + cols);
+}
+
+std::int64_t first_key_block(const KeyRange& span) {
+  return std::max<std::int64_t>(span.begin, 0) / kBlockN * kBlockN;
+}
+
 void store_key_rows(void* base, ElementType type, const Strides& stride, const Sequence& seq,
                     std::int64_t first, int rows, int head, const float* values, int dim) {
   for (int i = 0; i < rows; ++i)
@@ -207,13 +225,15 @@ void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64
   const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
   std::fill_n(w.acc.begin(), static_cast<std::int64_t>(cols) * d, 0.0f);
   std::fill_n(w.acc_v.begin(), static_cast<std::int64_t>(cols) * dv, 0.0f);
-  const RowRange rows_seen =
-      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).rows_of_keys(c0, c0 + cols);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const RowRange rows_seen = mask.rows_of_keys(c0, c0 + cols);
   load_key_block(pr, seq, kv_head, c0, cols, w);
 
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-    for (std::int64_t r0 = rows_seen.begin; r0 < rows_seen.end; r0 += kBlockM) {
-      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, rows_seen.end - r0));
+    for (std::int64_t r0 = rows_seen.begin / kBlockM * kBlockM; r0 < rows_seen.end;
+         r0 += kBlockM) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+      if (!pair_visible(mask, r0, rows, c0, cols)) continue;
       load_query_block(pr, seq, head, r0, rows, w);
       recompute_block(pr, seq, head, r0, rows, c0, cols, w);
       block_gemm(Op::transpose, Op::none, cols, dv, rows, 1.0f, w.p.data(), cols,  // dV += P^T dO
@@ -237,8 +257,9 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
   const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
   load_query_block(pr, seq, head, r0, rows, w);
 
-  for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
-    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
+  for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
+    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
+    if (!pair_visible(mask, r0, rows, c0, cols)) continue;
     load_key_block(pr, seq, kv_head, c0, cols, w);
     recompute_block(pr, seq, head, r0, rows, c0, cols, w);
     visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,  // dQ += dS K
@@ -247,6 +268,45 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
   for (int i = 0; i < rows; ++i)
     store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
               w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+}
+
+// One task per (batch, kv head): dQ of its query heads and dK, dV of its keys, each score
+// block computed once (5 block products, where the two passes above take 7). dK and dV
+// accumulate over the whole sequence in the thread's `dk`, `dv` rows (nk x D, nk x Dv).
+void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Scratch& w, float* dk,
+                float* dv) {
+  const BackwardParams& p = pr.params;
+  const int d = p.head_dim, dvd = p.head_dim_v, group = p.heads_q / p.heads_kv;
+  std::fill_n(dk, seq.nk * d, 0.0f);
+  std::fill_n(dv, seq.nk * dvd, 0.0f);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+
+  for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+    for (std::int64_t r0 = 0; r0 < seq.nq; r0 += kBlockM) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+      std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
+      const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+      load_query_block(pr, seq, head, r0, rows, w);
+      for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
+        const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
+        if (!pair_visible(mask, r0, rows, c0, cols)) continue;
+        load_key_block(pr, seq, kv_head, c0, cols, w);
+        recompute_block(pr, seq, head, r0, rows, c0, cols, w);
+        // dV += P^T dO, dK += dS^T Q, dQ += dS K
+        block_gemm(Op::transpose, Op::none, cols, dvd, rows, 1.0f, w.p.data(), cols,
+                   w.dout.data(), w.dout.ld(), 1.0f, dv + c0 * dvd, dvd);
+        block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(), cols,
+                   w.q.data(), w.q.ld(), 1.0f, dk + c0 * d, d);
+        visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols, w.k.data(),
+                        w.k.ld(), w.acc.data(), d);
+      }
+      for (int i = 0; i < rows; ++i)
+        store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
+                  w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+    }
+  }
+  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dk, d);
+  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dv, dvd);
 }
 
 }  // namespace
@@ -269,6 +329,25 @@ void tiled_backward(const BackwardParams& p) {
   }
 
   const Problem problem{p, in, stats, score_transform(p)};
+  // Fused when (batch, kv head) tasks keep every thread busy (at least 2 each); otherwise the
+  // two passes, whose tasks are key blocks and query blocks. Same gradients either way.
+  const std::int64_t fused_tasks = std::int64_t{p.batch} * p.heads_kv;
+  if (fused_tasks >= 2 * std::int64_t{omp_get_max_threads()}) {
+    std::int64_t max_nk = 0;
+    for (int b = 0; b < p.batch; ++b) max_nk = std::max(max_nk, sequence_of(p, b).nk);
+#pragma omp parallel
+    {
+      Scratch scratch(p.dtype, p.head_dim, p.head_dim_v);
+      std::vector<float> dk(static_cast<std::size_t>(max_nk * p.head_dim));
+      std::vector<float> dv(static_cast<std::size_t>(max_nk * p.head_dim_v));
+#pragma omp for schedule(dynamic)
+      for (std::int64_t t = 0; t < fused_tasks; ++t) {
+        const Sequence seq = sequence_of(p, static_cast<int>(t / p.heads_kv));
+        fused_task(problem, seq, static_cast<int>(t % p.heads_kv), scratch, dk.data(), dv.data());
+      }
+    }
+    return;
+  }
   const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
   const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
