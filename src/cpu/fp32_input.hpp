@@ -1,6 +1,6 @@
 #pragma once
-// A read-only fp32 view of an input tensor for the tiled backend: the tensor itself when it is
-// fp32, otherwise a converted copy made once up front. K and V blocks are read by every query
+// A read-only fp32 view of an input tensor for the generic tiled forward: the tensor itself
+// when it is fp32, otherwise a converted copy made once up front. K and V blocks are read by every query
 // block, so converting per block would repeat the conversion Nq / block_m times; the copy costs
 // 2x the input's memory instead.
 #include <cstdint>

@@ -1,26 +1,32 @@
 // FlashAttention-2 backward on the CPU, fp32 accumulation, recomputing P from the forward's lse.
 //
-// Race-free and deterministic by construction, in three passes:
-//   0. row statistics: D_i = rowsum(dO_i * O_i) and lse in log2 units, per (batch, q head);
+// fp16/bf16 inputs are converted a block at a time into per-thread buffers (Fp32Rows).
+// Race-free and deterministic by construction. First the row statistics: D_i =
+// rowsum(dO_i * O_i) and lse in log2 units, per (batch, q head). Then, when there are at least
+// two (batch, kv head) pairs per thread, one fused task per pair: it owns dQ of the group's
+// query heads and dK/dV of its keys (summing the GQA group itself), computes each score block
+// once and accumulates dK/dV in per-thread rows of the sequence's length. Otherwise two passes:
 //   1. dK, dV: one task per (batch, kv head, key block); it loops over the query heads of its
 //      group and their query blocks, so it owns its dK/dV rows and sums GQA groups itself;
-//   2. dQ: one task per (batch, q head, query block), looping over the visible key blocks.
-// Each output element is written by one task in a fixed order, so the gradients are bitwise
-// identical run to run whatever the thread count. The price is recomputing S and dP in pass 2
-// (7 block products per score block instead of 5); the alternatives were dQ atomics
-// (nondeterministic) or per-task dQ/dK partial buffers of O(B * Hq * N * D) floats.
+//   2. dQ: one task per (batch, q head, query block), looping over the visible key blocks,
+// which recomputes S and dP in pass 2 (7 block products per score block instead of 5).
+// Each output element is written by one task, and both ways add the same blocks in the same
+// order, so the gradients are bitwise identical run to run whatever the thread count. The
+// alternatives were dQ atomics (nondeterministic) or dQ partial buffers merged afterwards.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include <omp.h>
+
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/fast_exp2.hpp"
-#include "cpu/fp32_input.hpp"
+#include "cpu/fp32_rows.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 #include "cpu/visible_product.hpp"
@@ -34,8 +40,22 @@ constexpr int kBlockM = 64;
 constexpr int kBlockN = 128;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
+// One input tensor: bf16/fp16 ones are read as fp32 a block at a time (Fp32Rows).
+struct Input {
+  const void* data;
+  Strides stride;
+  int dim;
+
+  std::int64_t q_first(const Sequence& seq, std::int64_t row, int head) const {
+    return q_offset(stride, seq, row, head);
+  }
+  std::int64_t k_first(const Sequence& seq, std::int64_t row, int head) const {
+    return k_offset(stride, seq, row, head);
+  }
+};
+
 struct Inputs {
-  Fp32Input q, k, v, out, dout;
+  Input q, k, v, out, dout;
 };
 
 // Per-row statistics in a dense layout: [B, Hq, Nq] padded, [Hq, total_q] varlen.
@@ -66,13 +86,22 @@ class RowStats {
   std::vector<float> lse_log2_, delta_;
 };
 
+// Per thread. Besides the block products' own buffer (block_gemm), 4 bytes times
+// 3 * kBlockM * kBlockN + max(kBlockM, kBlockN) * D + kBlockN * Dv, and for fp16/bf16 inputs
+// (kBlockM + kBlockN) * (D + Dv) more for the converted q, dO, k, v blocks.
 struct Scratch {
-  explicit Scratch(int d, int dv)
-      : p(kBlockM * kBlockN),
+  Scratch(ElementType type, int d, int dv)
+      : q(type, kBlockM, d),
+        dout(type, kBlockM, dv),
+        k(type, kBlockN, d),
+        v(type, kBlockN, dv),
+        p(kBlockM * kBlockN),
         ds(kBlockM * kBlockN),
         tanh_values(kBlockM * kBlockN),
         acc(static_cast<std::size_t>(std::max(kBlockM, kBlockN)) * d),
         acc_v(static_cast<std::size_t>(kBlockN) * dv) {}
+  Fp32Rows q, dout;                // query-side blocks (rows)
+  Fp32Rows k, v;                   // key-side blocks (cols)
   std::vector<float> p;            // scores, then probabilities
   std::vector<float> ds;           // dP, then dS
   std::vector<float> tanh_values;  // softcap only
@@ -87,20 +116,35 @@ struct Problem {
   ScoreTransform transform;
 };
 
+void load_query_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
+                      int rows, Scratch& w) {
+  const Inputs& in = pr.in;
+  const ElementType type = pr.params.dtype;
+  w.q.load(in.q.data, type, in.q.q_first(seq, r0, head), in.q.stride.row, rows, in.q.dim);
+  w.dout.load(in.dout.data, type, in.dout.q_first(seq, r0, head), in.dout.stride.row, rows,
+              in.dout.dim);
+}
+
+void load_key_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64_t c0, int cols,
+                    Scratch& w) {
+  const Inputs& in = pr.in;
+  const ElementType type = pr.params.dtype;
+  w.k.load(in.k.data, type, in.k.k_first(seq, c0, kv_head), in.k.stride.row, cols, in.k.dim);
+  w.v.load(in.v.data, type, in.v.k_first(seq, c0, kv_head), in.v.stride.row, cols, in.v.dim);
+}
+
 // P and dS (of the natural-log scores, softcap derivative included, without the softmax
-// scale) of query rows [r0, r0 + rows) of `head` against keys [c0, c0 + cols), into w.p, w.ds.
+// scale) of query rows [r0, r0 + rows) of `head` against keys [c0, c0 + cols), into w.p, w.ds;
+// the q and dO blocks of those rows and the k and v blocks of those keys are in w.
 void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0, int rows,
                      std::int64_t c0, int cols, Scratch& w) {
   const BackwardParams& p = pr.params;
-  const int kv_head = head / (p.heads_q / p.heads_kv);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
   const bool softcap = pr.transform.softcap_log2 > 0;
-  block_scores(pr.in.q.q_row(seq, r0, head), pr.in.q.ld(), pr.in.k.k_row(seq, c0, kv_head),
-               pr.in.k.ld(), p.head_dim, pr.transform, mask, r0, rows, c0, cols, w.p.data(),
-               softcap ? w.tanh_values.data() : nullptr);
-  block_gemm(Op::none, Op::transpose, rows, cols, p.head_dim_v, 1.0f,
-             pr.in.dout.q_row(seq, r0, head), pr.in.dout.ld(), pr.in.v.k_row(seq, c0, kv_head),
-             pr.in.v.ld(), 0.0f, w.ds.data(), cols);
+  block_scores(w.q.data(), w.q.ld(), w.k.data(), w.k.ld(), p.head_dim, pr.transform, mask, r0,
+               rows, c0, cols, w.p.data(), softcap ? w.tanh_values.data() : nullptr);
+  block_gemm(Op::none, Op::transpose, rows, cols, p.head_dim_v, 1.0f, w.dout.data(), w.dout.ld(),
+             w.v.data(), w.v.ld(), 0.0f, w.ds.data(), cols);
 
   const float* lse_log2 = pr.stats.lse_log2(seq, head) + r0;
   const float* delta = pr.stats.delta(seq, head) + r0;
@@ -136,19 +180,35 @@ void recompute_block(const Problem& pr, const Sequence& seq, int head, std::int6
   }
 }
 
+// `out` and `dout` hold one row each (Dv floats).
 void row_stats(const BackwardParams& p, const Inputs& in, const Sequence& seq, int head,
-               RowStats& stats) {
+               RowStats& stats, Fp32Rows& out_row, Fp32Rows& dout_row) {
   float* lse_log2 = stats.lse_log2(seq, head);
   float* delta = stats.delta(seq, head);
   for (std::int64_t i = 0; i < seq.nq; ++i) {
     lse_log2[i] = p.lse[lse_offset(p, seq, i, head)] * kLog2e;
-    const float* o = in.out.q_row(seq, i, head);
-    const float* dout = in.dout.q_row(seq, i, head);
+    out_row.load(in.out.data, p.dtype, in.out.q_first(seq, i, head), 0, 1, p.head_dim_v);
+    dout_row.load(in.dout.data, p.dtype, in.dout.q_first(seq, i, head), 0, 1, p.head_dim_v);
+    const float* o = out_row.data();
+    const float* dout = dout_row.data();
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int d = 0; d < p.head_dim_v; ++d) sum += o[d] * dout[d];
     delta[i] = sum;
   }
+}
+
+// Both algorithms below walk one grid, query blocks at multiples of kBlockM and key blocks at
+// multiples of kBlockN, and compute the pairs this says, in the same order for each
+// accumulated block: their gradients are bitwise identical. Rows of [r0, r0 + rows) see keys
+// forming one interval (keys_of_rows), so this is true exactly when some row sees some key.
+bool pair_visible(const BlockMask& mask, std::int64_t r0, int rows, std::int64_t c0, int cols) {
+  const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+  return std::max(span.begin, c0) < std::min(span.end, c0 + cols);
+}
+
+std::int64_t first_key_block(const KeyRange& span) {
+  return std::max<std::int64_t>(span.begin, 0) / kBlockN * kBlockN;
 }
 
 void store_key_rows(void* base, ElementType type, const Strides& stride, const Sequence& seq,
@@ -165,18 +225,22 @@ void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64
   const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
   std::fill_n(w.acc.begin(), static_cast<std::int64_t>(cols) * d, 0.0f);
   std::fill_n(w.acc_v.begin(), static_cast<std::int64_t>(cols) * dv, 0.0f);
-  const RowRange rows_seen =
-      BlockMask(seq.nq, seq.nk, p.window_left, p.window_right).rows_of_keys(c0, c0 + cols);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  const RowRange rows_seen = mask.rows_of_keys(c0, c0 + cols);
+  load_key_block(pr, seq, kv_head, c0, cols, w);
 
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-    for (std::int64_t r0 = rows_seen.begin; r0 < rows_seen.end; r0 += kBlockM) {
-      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, rows_seen.end - r0));
+    for (std::int64_t r0 = rows_seen.begin / kBlockM * kBlockM; r0 < rows_seen.end;
+         r0 += kBlockM) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+      if (!pair_visible(mask, r0, rows, c0, cols)) continue;
+      load_query_block(pr, seq, head, r0, rows, w);
       recompute_block(pr, seq, head, r0, rows, c0, cols, w);
       block_gemm(Op::transpose, Op::none, cols, dv, rows, 1.0f, w.p.data(), cols,  // dV += P^T dO
-                 pr.in.dout.q_row(seq, r0, head), pr.in.dout.ld(), 1.0f, w.acc_v.data(), dv);
+                 w.dout.data(), w.dout.ld(), 1.0f, w.acc_v.data(), dv);
       block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(),
                  cols,  // dK += dS^T Q
-                 pr.in.q.q_row(seq, r0, head), pr.in.q.ld(), 1.0f, w.acc.data(), d);
+                 w.q.data(), w.q.ld(), 1.0f, w.acc.data(), d);
     }
   }
   store_key_rows(p.dk, p.dtype, p.dk_stride, seq, c0, cols, kv_head, w.acc.data(), d);
@@ -191,39 +255,106 @@ void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0,
   std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
   const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+  load_query_block(pr, seq, head, r0, rows, w);
 
-  for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockN) {
-    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, span.end - c0));
+  for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
+    const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
+    if (!pair_visible(mask, r0, rows, c0, cols)) continue;
+    load_key_block(pr, seq, kv_head, c0, cols, w);
     recompute_block(pr, seq, head, r0, rows, c0, cols, w);
     visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,  // dQ += dS K
-                    pr.in.k.k_row(seq, c0, kv_head), pr.in.k.ld(), w.acc.data(), d);
+                    w.k.data(), w.k.ld(), w.acc.data(), d);
   }
   for (int i = 0; i < rows; ++i)
     store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
               w.acc.data() + static_cast<std::int64_t>(i) * d, d);
 }
 
+// One task per (batch, kv head): dQ of its query heads and dK, dV of its keys, each score
+// block computed once (5 block products, where the two passes above take 7). dK and dV
+// accumulate over the whole sequence in the thread's `dk`, `dv` rows (nk x D, nk x Dv).
+void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Scratch& w, float* dk,
+                float* dv) {
+  const BackwardParams& p = pr.params;
+  const int d = p.head_dim, dvd = p.head_dim_v, group = p.heads_q / p.heads_kv;
+  std::fill_n(dk, seq.nk * d, 0.0f);
+  std::fill_n(dv, seq.nk * dvd, 0.0f);
+  const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+
+  for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+    for (std::int64_t r0 = 0; r0 < seq.nq; r0 += kBlockM) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
+      std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
+      const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
+      load_query_block(pr, seq, head, r0, rows, w);
+      for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
+        const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
+        if (!pair_visible(mask, r0, rows, c0, cols)) continue;
+        load_key_block(pr, seq, kv_head, c0, cols, w);
+        recompute_block(pr, seq, head, r0, rows, c0, cols, w);
+        // dV += P^T dO, dK += dS^T Q, dQ += dS K
+        block_gemm(Op::transpose, Op::none, cols, dvd, rows, 1.0f, w.p.data(), cols,
+                   w.dout.data(), w.dout.ld(), 1.0f, dv + c0 * dvd, dvd);
+        block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(), cols,
+                   w.q.data(), w.q.ld(), 1.0f, dk + c0 * d, d);
+        visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols, w.k.data(),
+                        w.k.ld(), w.acc.data(), d);
+      }
+      for (int i = 0; i < rows; ++i)
+        store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
+                  w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+    }
+  }
+  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dk, d);
+  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dv, dvd);
+}
+
 }  // namespace
 
 void tiled_backward(const BackwardParams& p) {
   const SingleThreadedBlas single_threaded;
-  const Inputs in{q_input(p, p.q, p.q_stride, p.head_dim), k_input(p, p.k, p.k_stride, p.head_dim),
-                  k_input(p, p.v, p.v_stride, p.head_dim_v),
-                  q_input(p, p.out, p.out_stride, p.head_dim_v),
-                  q_input(p, p.dout, p.dout_stride, p.head_dim_v)};
+  const Inputs in{{p.q, p.q_stride, p.head_dim},
+                  {p.k, p.k_stride, p.head_dim},
+                  {p.v, p.v_stride, p.head_dim_v},
+                  {p.out, p.out_stride, p.head_dim_v},
+                  {p.dout, p.dout_stride, p.head_dim_v}};
   RowStats stats(p);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int b = 0; b < p.batch; ++b)
-    for (int h = 0; h < p.heads_q; ++h) row_stats(p, in, sequence_of(p, b), h, stats);
+#pragma omp parallel
+  {
+    Fp32Rows out_row(p.dtype, 1, p.head_dim_v), dout_row(p.dtype, 1, p.head_dim_v);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads_q; ++h)
+        row_stats(p, in, sequence_of(p, b), h, stats, out_row, dout_row);
+  }
 
   const Problem problem{p, in, stats, score_transform(p)};
+  // Fused when (batch, kv head) tasks keep every thread busy (at least 2 each); otherwise the
+  // two passes, whose tasks are key blocks and query blocks. Same gradients either way.
+  const std::int64_t fused_tasks = std::int64_t{p.batch} * p.heads_kv;
+  if (fused_tasks >= 2 * std::int64_t{omp_get_max_threads()}) {
+    std::int64_t max_nk = 0;
+    for (int b = 0; b < p.batch; ++b) max_nk = std::max(max_nk, sequence_of(p, b).nk);
+#pragma omp parallel
+    {
+      Scratch scratch(p.dtype, p.head_dim, p.head_dim_v);
+      std::vector<float> dk(static_cast<std::size_t>(max_nk * p.head_dim));
+      std::vector<float> dv(static_cast<std::size_t>(max_nk * p.head_dim_v));
+#pragma omp for schedule(dynamic)
+      for (std::int64_t t = 0; t < fused_tasks; ++t) {
+        const Sequence seq = sequence_of(p, static_cast<int>(t / p.heads_kv));
+        fused_task(problem, seq, static_cast<int>(t % p.heads_kv), scratch, dk.data(), dv.data());
+      }
+    }
+    return;
+  }
   const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
   const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
   const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
   const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
 #pragma omp parallel
   {
-    Scratch scratch(p.head_dim, p.head_dim_v);
+    Scratch scratch(p.dtype, p.head_dim, p.head_dim_v);
     // nowait: pass 2 does not read what pass 1 writes.
 #pragma omp for schedule(dynamic) nowait
     for (std::int64_t t = 0; t < kv_tasks; ++t) {

@@ -2,6 +2,7 @@
 // smaller grid in the style of the forward sweep; the reference's own gradients against
 // central finite differences of its forward; and bitwise determinism.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <set>
@@ -233,6 +234,32 @@ TEST(CpuBackwardProps, BitwiseDeterministic) {
     b.poison_grads();
     a.backward(p, Backend::cpu, /*deterministic=*/true);
     b.backward(p, Backend::cpu, /*deterministic=*/true);
+    EXPECT_TRUE(a.dq.bitwise_equal(b.dq)) << dtype_name(dt);
+    EXPECT_TRUE(a.dk.bitwise_equal(b.dk)) << dtype_name(dt);
+    EXPECT_TRUE(a.dv.bitwise_equal(b.dv)) << dtype_name(dt);
+  }
+}
+
+// With one thread every (batch, kv head) pair is a fused task; with eight the two-pass
+// algorithm runs (fewer than two pairs per thread). Both must give the same bits.
+TEST(CpuBackwardProps, FusedAndTwoPassBitwiseEqual) {
+  const int threads = omp_get_max_threads();
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    Problem p = shape(203, 300, 64, dt);
+    p.batch = 2;
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    p.causal = dt == DType::bf16;
+    p.window_left = dt == DType::fp32 ? 90 : -1;
+    Tensors a = backward_inputs(p);
+    Tensors b = a;
+    a.poison_grads();
+    b.poison_grads();
+    omp_set_num_threads(1);
+    a.backward(p, Backend::cpu, /*deterministic=*/true);
+    omp_set_num_threads(8);
+    b.backward(p, Backend::cpu, /*deterministic=*/true);
+    omp_set_num_threads(threads);
     EXPECT_TRUE(a.dq.bitwise_equal(b.dq)) << dtype_name(dt);
     EXPECT_TRUE(a.dk.bitwise_equal(b.dk)) << dtype_name(dt);
     EXPECT_TRUE(a.dv.bitwise_equal(b.dv)) << dtype_name(dt);
