@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "test_util.hpp"
@@ -369,6 +372,70 @@ TEST(CpuBackwardProps, NoQueriesGivesZeroKeyGradients) {
     for (std::int64_t i = 0; i < t.dk.numel(); ++i) ASSERT_EQ(t.dk.get(i), 0.0f) << backend_name(backend);
     for (std::int64_t i = 0; i < t.dv.numel(); ++i) ASSERT_EQ(t.dv.get(i), 0.0f) << backend_name(backend);
   }
+}
+
+// ---- non-finite q or dout rows ----------------------------------------------------------------
+// docs/semantics.md: a NaN in q or dout makes that row's outputs and the gradients of the keys
+// it sees NaN, nothing else. Query blocks (64 rows) meet key blocks (128 keys) the mask cuts
+// through, so a NaN row shares block products with keys it does not see (P = dS = 0 there).
+// Rows 0..9 of head 0 get a NaN; both algorithms (fused: one thread, two passes: eight).
+std::string nan_rows_outcome(const Problem& p, bool in_dout, int threads) {
+  constexpr int kNanRows = 10;
+  const int d = p.head_dim;
+  Tensors t = backward_inputs(p);
+  for (int i = 0; i < kNanRows; ++i)
+    (in_dout ? t.dout : t.q).set((std::int64_t{i} * p.heads_q + 0) * d + 5,
+                                        std::numeric_limits<float>::quiet_NaN());
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  t.forward(p, Backend::cpu);
+  t.poison_grads();
+  t.backward(p, Backend::cpu);
+  omp_set_num_threads(saved);
+
+  const auto row_finite = [&](const HostTensor& x, int heads, int row, int head) {
+    for (int e = 0; e < d; ++e)
+      if (!std::isfinite(x.get((std::int64_t{row} * heads + head) * d + e))) return false;
+    return true;
+  };
+  std::int64_t seen_end = 0;  // rows 0..9 see keys [0, seen_end)
+  for (int i = 0; i < kNanRows; ++i) seen_end = std::max<std::int64_t>(seen_end, p.keys(0, i).end);
+  for (int h = 0; h < p.heads_q; ++h)
+    for (int i = 0; i < p.seqlen_q; ++i) {
+      const bool nan_row = h == 0 && i < kNanRows;
+      if (!nan_row && !row_finite(t.out, p.heads_q, i, h))
+        return "out row " + std::to_string(i) + " head " + std::to_string(h) + " not finite";
+      if (row_finite(t.dq, p.heads_q, i, h) == nan_row)
+        return "dq row " + std::to_string(i) + " head " + std::to_string(h) +
+               (nan_row ? " finite" : " not finite");
+    }
+  for (int h = 0; h < p.heads_kv; ++h)
+    for (int j = 0; j < p.seqlen_k; ++j) {
+      const bool seen = h == 0 && j < seen_end;
+      for (const auto& [x, name] : {std::pair{&t.dk, "dk"}, std::pair{&t.dv, "dv"}})
+        if (row_finite(*x, p.heads_kv, j, h) == seen)
+          return std::string(name) + " key " + std::to_string(j) + " head " + std::to_string(h) +
+                 (seen ? " finite" : " not finite");
+    }
+  return "ok";
+}
+
+TEST(CpuBackwardProps, NanRowsReachOnlyWhatTheySee) {
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (int heads_q : {2, 4})
+      for (bool causal : {false, true})
+        for (bool in_dout : {false, true})
+          for (int threads : {1, 8}) {
+            Problem p = shape(300, 300, 64, dt);
+            p.batch = 1;
+            p.heads_q = heads_q;
+            p.heads_kv = 2;
+            p.causal = causal;
+            if (!causal) p.window_left = p.window_right = 4;
+            EXPECT_EQ(nan_rows_outcome(p, in_dout, threads), "ok")
+                << problem_name(p) << (in_dout ? " NaN in dout" : " NaN in q") << ", " << threads
+                << " threads";
+          }
 }
 
 }  // namespace
