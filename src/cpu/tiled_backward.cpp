@@ -236,11 +236,11 @@ void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64
       if (!pair_visible(mask, r0, rows, c0, cols)) continue;
       load_query_block(pr, seq, head, r0, rows, w);
       recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-      block_gemm(Op::transpose, Op::none, cols, dv, rows, 1.0f, w.p.data(), cols,  // dV += P^T dO
-                 w.dout.data(), w.dout.ld(), 1.0f, w.acc_v.data(), dv);
-      block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(),
-                 cols,  // dK += dS^T Q
-                 w.q.data(), w.q.ld(), 1.0f, w.acc.data(), d);
+      // dV += P^T dO, dK += dS^T Q
+      visible_product_by_key(mask, r0, rows, c0, cols, dv, 1.0f, w.p.data(), cols,
+                             w.dout.data(), w.dout.ld(), w.acc_v.data(), dv);
+      visible_product_by_key(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,
+                             w.q.data(), w.q.ld(), w.acc.data(), d);
     }
   }
   store_key_rows(p.dk, p.dtype, p.dk_stride, seq, c0, cols, kv_head, w.acc.data(), d);
@@ -293,10 +293,10 @@ void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Scratch& w,
         load_key_block(pr, seq, kv_head, c0, cols, w);
         recompute_block(pr, seq, head, r0, rows, c0, cols, w);
         // dV += P^T dO, dK += dS^T Q, dQ += dS K
-        block_gemm(Op::transpose, Op::none, cols, dvd, rows, 1.0f, w.p.data(), cols,
-                   w.dout.data(), w.dout.ld(), 1.0f, dv + c0 * dvd, dvd);
-        block_gemm(Op::transpose, Op::none, cols, d, rows, p.scale, w.ds.data(), cols,
-                   w.q.data(), w.q.ld(), 1.0f, dk + c0 * d, d);
+        visible_product_by_key(mask, r0, rows, c0, cols, dvd, 1.0f, w.p.data(), cols,
+                               w.dout.data(), w.dout.ld(), dv + c0 * dvd, dvd);
+        visible_product_by_key(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,
+                               w.q.data(), w.q.ld(), dk + c0 * d, d);
         visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols, w.k.data(),
                         w.k.ld(), w.acc.data(), d);
       }

@@ -41,4 +41,21 @@ void visible_product(const BlockMask& mask, std::int64_t r0, int rows, std::int6
   }
 }
 
+void visible_product_by_key(const BlockMask& mask, std::int64_t r0, int rows, std::int64_t c0,
+                            int cols, int n, float alpha, const float* a, std::int64_t lda,
+                            const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  if (mask.is_full(r0, r0 + rows, c0, c0 + cols) || all_finite(b, rows, n, ldb)) {
+    block_gemm(Op::transpose, Op::none, cols, n, rows, alpha, a, lda, b, ldb, 1.0f, c, ldc);
+    return;
+  }
+  for (int j = 0; j < cols; ++j) {
+    const RowRange seen = mask.rows_of_keys(c0 + j, c0 + j + 1);
+    const std::int64_t begin = std::max(seen.begin, r0) - r0;
+    const std::int64_t end = std::min(seen.end, r0 + rows) - r0;
+    if (begin >= end) continue;
+    block_gemm(Op::transpose, Op::none, 1, n, static_cast<int>(end - begin), alpha,
+               a + begin * lda + j, lda, b + begin * ldb, ldb, 1.0f, c + j * ldc, ldc);
+  }
+}
+
 }  // namespace flashcpp::detail::cpu

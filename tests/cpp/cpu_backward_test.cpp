@@ -399,7 +399,8 @@ std::string nan_rows_outcome(const Problem& p, bool in_dout, int threads) {
     return true;
   };
   std::int64_t seen_end = 0;  // rows 0..9 see keys [0, seen_end)
-  for (int i = 0; i < kNanRows; ++i) seen_end = std::max<std::int64_t>(seen_end, p.keys(0, i).end);
+  for (int i = 0; i < kNanRows; ++i)
+    seen_end = std::max<std::int64_t>(seen_end, p.keys(0, i).end);
   for (int h = 0; h < p.heads_q; ++h)
     for (int i = 0; i < p.seqlen_q; ++i) {
       const bool nan_row = h == 0 && i < kNanRows;
