@@ -29,6 +29,7 @@
 #include "cpu/exp2_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
+#include "cpu/load_avx512.hpp"
 #include "cpu/store_avx512.hpp"
 
 namespace flashcpp::detail::cpu {
@@ -72,26 +73,6 @@ struct Workspace {
 
 // Mask of the first n (< 16) lanes.
 inline __mmask16 first_lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
-
-// n elements of an fp32/fp16/bf16 tensor from element `offset` into dst, times `scale`.
-void convert_row(const void* base, ElementType type, std::int64_t offset, int n, float scale,
-                 float* dst) {
-  const __m512 factor = _mm512_set1_ps(scale);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : first_lanes(n - i);
-    __m512 x;
-    if (type == ElementType::fp32) {
-      x = _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(base) + offset + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(
-          lanes, static_cast<const std::uint16_t*>(base) + offset + i);
-      x = type == ElementType::bf16
-              ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-              : _mm512_cvtph_ps(h);
-    }
-    _mm512_mask_storeu_ps(dst + i, lanes, _mm512_mul_ps(x, factor));
-  }
-}
 
 // S^T rows for kKeys keys: s[j][0..32) = sum_d k[j][d] * q_t[d][0..32). Even and odd d go to
 // separate accumulators, summed at the end: two chains of D / 2 round less than one of D (the
@@ -346,8 +327,8 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
     for (int r = 0; r < kStrip; ++r) {
       const std::int64_t row = r0 + s * kStrip + r;
       if (row < r0 + rows)
-        convert_row(p.q, p.dtype, q_offset(p.q_stride, seq, row, head), d, 1.0f,
-                    w.row.data());
+        load_scaled_row(p.q, p.dtype, q_offset(p.q_stride, seq, row, head), d, 1.0f,
+                        w.row.data());
       else
         std::memset(w.row.data(), 0, sizeof(float) * d);
       for (int c = 0; c < d; ++c) q_t[c * kStrip + r] = w.row[c];
@@ -364,10 +345,10 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
     // apart (4 KiB at H 8, D 128) shared L1 sets and pages, and at N 8192 (1 thread) the
     // forward ran 95 GFLOP/s against 114 with the copy (N 1024: 105 against 107).
     for (int j = 0; j < cols; ++j) {
-      convert_row(p.k, p.dtype, k_offset(p.k_stride, seq, c0 + j, kv_head), d, 1.0f,
-                  w.k.data() + static_cast<std::int64_t>(j) * d);
-      convert_row(p.v, p.dtype, k_offset(p.v_stride, seq, c0 + j, kv_head), dv, 1.0f,
-                  w.v.data() + static_cast<std::int64_t>(j) * dv);
+      load_scaled_row(p.k, p.dtype, k_offset(p.k_stride, seq, c0 + j, kv_head), d, 1.0f,
+                      w.k.data() + static_cast<std::int64_t>(j) * d);
+      load_scaled_row(p.v, p.dtype, k_offset(p.v_stride, seq, c0 + j, kv_head), dv, 1.0f,
+                      w.v.data() + static_cast<std::int64_t>(j) * dv);
     }
     const float* k = w.k.data();
     const float* v = w.v.data();

@@ -22,6 +22,7 @@
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
 #include "cpu/kvcache_rows.hpp"
+#include "cpu/load_avx512.hpp"
 #include "cpu/scores.hpp"
 
 namespace flashcpp::detail::cpu {
@@ -70,25 +71,6 @@ bool use_bf16_dot(const KVCacheParams& p) {
 
 inline __mmask16 lanes_of(int n) {
   return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-}
-
-void convert(const void* base, ElementType type, std::int64_t offset, int n, float scale,
-             float* dst) {
-  const __m512 factor = _mm512_set1_ps(scale);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 lanes = lanes_of(n - i);
-    __m512 x;
-    if (type == ElementType::fp32) {
-      x = _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(base) + offset + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(
-          lanes, static_cast<const std::uint16_t*>(base) + offset + i);
-      x = type == ElementType::bf16
-              ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-              : _mm512_cvtph_ps(h);
-    }
-    _mm512_mask_storeu_ps(dst + i, lanes, _mm512_mul_ps(x, factor));
-  }
 }
 
 float dot(const float* a, const float* b, int n) {
@@ -207,8 +189,10 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
     float* partial = partials.at(b, kv_head, p.heads_kv, split);
     for (int r = 0; r < rows; ++r) {
       const int token = r / group, head = kv_head * group + r % group;
-      convert(p.q, p.dtype, b * p.q_stride.batch + token * p.q_stride.row + head * p.q_stride.head,
-              d, transform.alpha, w.q.data() + (static_cast<std::int64_t>(kv_head) * rows + r) * d);
+      load_scaled_row(p.q, p.dtype,
+                      b * p.q_stride.batch + token * p.q_stride.row + head * p.q_stride.head, d,
+                      transform.alpha,
+                      w.q.data() + (static_cast<std::int64_t>(kv_head) * rows + r) * d);
       float* out = partial + r * row_floats;
       out[0] = kMinusInf;
       out[1] = 0.0f;
@@ -242,10 +226,10 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
        continue;
      }
      for (int h = 0; h < p.heads_kv; ++h) {
-       convert(p.k, p.dtype, k_row + h * p.k_stride.head, d, 1.0f,
-               w.k.data() + (static_cast<std::int64_t>(h) * kBlockKeys + j) * d);
-       convert(p.v, p.dtype, v_row + h * p.v_stride.head, dv, 1.0f,
-               w.v.data() + (static_cast<std::int64_t>(h) * kBlockKeys + j) * dv);
+       load_scaled_row(p.k, p.dtype, k_row + h * p.k_stride.head, d, 1.0f,
+                       w.k.data() + (static_cast<std::int64_t>(h) * kBlockKeys + j) * d);
+       load_scaled_row(p.v, p.dtype, v_row + h * p.v_stride.head, dv, 1.0f,
+                       w.v.data() + (static_cast<std::int64_t>(h) * kBlockKeys + j) * dv);
      }
    }
    for (int kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
