@@ -386,17 +386,7 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
     }
   }
 
-  for (int i = 0; i < rows; ++i) {
-    float* o_row = w.o.data() + static_cast<std::int64_t>(i) * dv;
-    const float l = w.l[i];
-    const bool empty = l == 0.0f;  // no visible key: out = 0, lse = -inf (NaN stays NaN)
-    const float inv_l = empty ? 0.0f : 1.0f / l;
-    store_scaled_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head), o_row, dv, inv_l);
-    if (p.lse) {
-      p.lse[lse_offset(p, seq, r0 + i, head)] =
-          empty ? -std::numeric_limits<float>::infinity() : (w.m[i] + std::log2(l)) * kLn2;
-    }
-  }
+  store_finished_rows(p, seq, head, r0, rows, w.o.data(), w.m.data(), w.l.data());
 }
 
 #pragma GCC diagnostic pop

@@ -4,9 +4,13 @@
 // rounds the same way: to nearest even, NaN kept quiet).
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "common/params.hpp"
+#include "cpu/scores.hpp"
+#include "cpu/sequence.hpp"
 
 namespace flashcpp::detail::cpu {
 
@@ -35,6 +39,23 @@ namespace flashcpp::detail::cpu {
           _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet_nan));
     }
     _mm256_mask_storeu_epi16(static_cast<std::uint16_t*>(base) + offset + i, lanes, half);
+  }
+}
+
+// A forward task's finished rows r0 .. r0 + rows of `head`: o (rows x Dv, unnormalised), the
+// running max m (log2 units) and sum l of each row become out = o / l and lse. A row with no
+// visible key (l = 0) gives out 0 and lse -inf; NaN stays NaN.
+[[gnu::target("avx512f,avx512bw,avx512vl")]] inline void store_finished_rows(
+    const ForwardParams& p, const Sequence& seq, int head, std::int64_t r0, int rows,
+    const float* o, const float* m, const float* l) {
+  const int dv = p.head_dim_v;
+  for (int i = 0; i < rows; ++i) {
+    const bool empty = l[i] == 0.0f;
+    store_scaled_row(p.out, p.dtype, q_offset(p.out_stride, seq, r0 + i, head),
+                     o + static_cast<std::int64_t>(i) * dv, dv, empty ? 0.0f : 1.0f / l[i]);
+    if (p.lse)
+      p.lse[lse_offset(p, seq, r0 + i, head)] =
+          empty ? -std::numeric_limits<float>::infinity() : (m[i] + std::log2(l[i])) * kLn2;
   }
 }
 
