@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the one-GPU run of the whole sequence (too large for one GPU)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--json", default=None, help="write the rows to this file (rank 0)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="record one ring step's GPU timeline per rank into DIR (GPUs only)")
     return p
 
 
@@ -213,6 +215,87 @@ def _ring_parts(args, n, causal, backward, shards, dout, clock, device, ring):
     return parts
 
 
+def _union(intervals):
+    """Merged [start, end) intervals, sorted."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _covered(intervals, cover) -> float:
+    """Length of the parts of `intervals` (merged) that lie inside `cover` (merged)."""
+    total, j = 0.0, 0
+    for start, end in intervals:
+        while j < len(cover) and cover[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(cover) and cover[k][0] < end:
+            total += min(end, cover[k][1]) - max(start, cover[k][0])
+            k += 1
+    return total
+
+
+def kernel_overlap(events) -> dict:
+    """From a profiler's kernel events (name, start_us, duration_us): NCCL kernel time, compute
+    kernel time and the NCCL time that ran while compute ran (all in ms, over the unions)."""
+    nccl = _union((e[1], e[1] + e[2]) for e in events if "nccl" in e[0].lower())
+    compute = _union((e[1], e[1] + e[2]) for e in events if "nccl" not in e[0].lower())
+    length = lambda spans: sum(b - a for a, b in spans)
+    return dict(nccl_ms=length(nccl) / 1e3, compute_ms=length(compute) / 1e3,
+                overlapped_ms=_covered(nccl, compute) / 1e3,
+                span_ms=(max(b for _, b in nccl + compute) - min(a for a, _ in nccl + compute))
+                / 1e3 if nccl + compute else 0.0)
+
+
+def trace_step(args, n, device, folder):
+    """One causal fwd+bwd ring step of length n under torch.profiler on every rank."""
+    from torch.profiler import ProfilerActivity, profile
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = DTYPES[args.dtype]
+    hkv = args.kv_heads or args.heads
+    g = torch.Generator(device=device).manual_seed(99)
+    shards = [cp.shard_sequence(torch.randn(args.batch, n, h, args.head_dim, generator=g,
+                                            device=device, dtype=dtype), rank, world,
+                                layout=args.layout).requires_grad_()
+              for h in (args.heads, hkv, hkv)]
+    dout = torch.randn_like(shards[0])
+
+    def step():
+        out = cp.ring_attention(*shards, causal=True, layout=args.layout, seq_len=n)
+        out.backward(dout)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    os.makedirs(folder, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(folder, f"ring_rank{rank}.json"))
+    kernels = [(e.name, e.time_range.start, e.time_range.elapsed_us())
+               for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    parts = kernel_overlap(kernels)
+    summary = torch.tensor([parts["nccl_ms"], parts["compute_ms"], parts["overlapped_ms"],
+                            parts["span_ms"]], dtype=torch.float64, device=device)
+    every = [torch.empty_like(summary) for _ in range(world)]
+    dist.all_gather(every, summary)
+    if rank == 0:
+        for r, values in enumerate(every):
+            nccl_ms, compute_ms, overlapped_ms, span_ms = values.tolist()
+            share = overlapped_ms / nccl_ms if nccl_ms else 0.0
+            print(f"trace N={n} rank {r}: step {span_ms:8.3f} ms on the GPU, compute kernels "
+                  f"{compute_ms:8.3f} ms, NCCL kernels {nccl_ms:8.3f} ms, of which "
+                  f"{overlapped_ms:8.3f} ms ({100 * share:5.1f}%) ran beside compute "
+                  f"-> {folder}/ring_rank{r}.json", flush=True)
+
+
 def format_row(row) -> str:
     text = (f"{row['variant']:7s} W={row['world_size']} N={row['seq_len']:>7d} "
             f"{'causal' if row['causal'] else 'full':6s} {row['mode']:7s} "
@@ -254,6 +337,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 if dist.get_rank() == 0:
                     print(format_row(row), flush=True)
+    if args.trace and device.type == "cuda":
+        trace_step(args, parse_size(args.seqlens.split(",")[0]), device, args.trace)
     if args.json and dist.get_rank() == 0:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(device) if device.type == "cuda"

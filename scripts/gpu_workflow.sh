@@ -7,6 +7,9 @@
 #   stages: build test sanitize python bench decode ladder   (default: all, in that order)
 #           cp: the context-parallel benchmark at world size 1 over NCCL (ring_attention's
 #               overhead over plain flashcpp; not in the default list)
+#           cpmulti: on a machine with several GPUs, the context-parallel tests over NCCL
+#               (one GPU a rank) and the benchmark at world size = the GPU count, with one
+#               ring step's timeline (not in the default list)
 #
 # Logs go to OUT_DIR/logs/<stage>.log, benchmark output to OUT_DIR/bench, OUT_DIR/decode and
 # OUT_DIR/ladder, and OUT_DIR/summary.txt gets one line per stage; the summary and the
@@ -15,7 +18,8 @@
 # Environment: BENCH_ARGS (extra flags for bench/sdpa_compare.py, e.g. "--quick"),
 # DECODE_ARGS (extra flags for bench/decode_compare.py; its default grid takes ~1-2 minutes),
 # SANITIZE_FILTER (gtest filter for compute-sanitizer), BUILD_DIR (default build/gpu),
-# CP_ARGS (extra flags for bench/context_parallel.py; default lengths 32k, 64k, 128k).
+# CP_ARGS (extra flags for bench/context_parallel.py; default lengths 32k, 64k, 128k),
+# CP_SEQLENS (lengths for cpmulti; default 32k,64k,128k).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -85,6 +89,18 @@ stage_cp() {
   PYTHONPATH="$root/$build/python" "$python" -m torch.distributed.run --standalone \
     --nproc_per_node 1 bench/context_parallel.py --seqlens 32k,64k,128k --reps 20 \
     --json "$out/cp/world1.json" ${CP_ARGS:-}
+}
+
+stage_cpmulti() {
+  local gpus
+  gpus="$(nvidia-smi -L | wc -l)"
+  mkdir -p "$out/cp"
+  # NVLink multicast stays off on shared hosts (it can take the host's GPUs out of service).
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  PYTHONPATH="$root/$build/python" "$python" -m pytest -q -rs tests/python/test_distributed_cuda.py &&
+    PYTHONPATH="$root/$build/python" "$python" -m torch.distributed.run --standalone \
+      --nproc_per_node "$gpus" bench/context_parallel.py --seqlens "${CP_SEQLENS:-32k,64k,128k}" \
+      --mask both --reps 10 --json "$out/cp/world$gpus.json" --trace "$out/cp/trace" ${CP_ARGS:-}
 }
 
 stage_ladder() {

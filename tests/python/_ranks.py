@@ -1,4 +1,5 @@
-"""Runs a function on every rank of a gloo process group spawned for one test.
+"""Runs a function on every rank of a process group spawned for one test: gloo on CPUs, or
+NCCL with one GPU a rank (rank r on GPU r).
 
 Each rank is a fresh process (torch.multiprocessing's spawn context) joined through a file://
 store, with the process group's timeout set, so a rank waiting on a peer that failed gives up
@@ -15,13 +16,15 @@ import time
 import traceback
 
 
-def _rank_main(target, rank, world_size, store_path, pg_timeout_s, results, args):
+def _rank_main(target, rank, world_size, store_path, pg_timeout_s, backend, results, args):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
         try:
@@ -33,7 +36,7 @@ def _rank_main(target, rank, world_size, store_path, pg_timeout_s, results, args
 
 
 def run_ranks(target, world_size: int, *args, pg_timeout_s: float = 20.0,
-              deadline_s: float = 120.0) -> dict:
+              deadline_s: float = 120.0, backend: str = "gloo") -> dict:
     """{rank: ("ok", value) or ("error", traceback)} of target(rank, world_size, *args) on
     every rank, plus ("hung", "") for a rank that had not finished by deadline_s (killed)."""
     import torch.multiprocessing as mp
@@ -48,7 +51,7 @@ def run_ranks(target, world_size: int, *args, pg_timeout_s: float = 20.0,
         try:
             processes = [context.Process(target=_rank_main, daemon=True,
                                          args=(target, rank, world_size, store, pg_timeout_s,
-                                               results, args))
+                                               backend, results, args))
                          for rank in range(world_size)]
             for process in processes:
                 process.start()

@@ -1,5 +1,6 @@
 """What each rank of a test process group runs: ring attention against the single-process
-flashcpp result and a float64 computation, forward and backward (test_distributed.py)."""
+flashcpp result and a float64 computation, forward and backward (test_distributed.py on CPU
+ranks over gloo, test_distributed_cuda.py on one GPU a rank over NCCL)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def exact_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=N
     s = scale * torch.einsum("bihd,bjhd->bhij", q, k)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    mask = torch.from_numpy(ref.visible(q.shape[1], k.shape[1], causal, window))
+    mask = torch.from_numpy(ref.visible(q.shape[1], k.shape[1], causal, window)).to(s.device)
     s = s.masked_fill(~mask, float("-inf"))
     top = s.amax(-1, keepdim=True).detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -36,7 +37,7 @@ def exact_varlen(q, k, v, cu, **options):
     return torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2]).double()
 
 
-NOISE = {torch.float32: 32 * 2.0**-24, torch.bfloat16: 2.0**-8}
+NOISE = {torch.float32: 32 * 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 def _err(a, b):
@@ -52,7 +53,7 @@ def check_close(ring, single, exact, dtype, what):
     assert err <= bound, f"{what}: ring error {err:.3g} > bound {bound:.3g}"
 
 
-def _inputs(case, seed, world_size):
+def _inputs(case, seed, world_size, device):
     g = torch.Generator().manual_seed(seed)
     dtype = case.get("dtype", torch.float32)
     hq, hkv, d = case["heads"][0], case["heads"][1], case["d"]
@@ -60,12 +61,12 @@ def _inputs(case, seed, world_size):
         hq, hkv = hq * world_size, hkv * world_size
     lead = (case["total"],) if "cu" in case else (case["batch"], case["n"])
     shapes = [lead + (hq, d), lead + (hkv, d), lead + (hkv, d), lead + (hq, d)]
-    q, k, v, dout = (torch.randn(s, generator=g, dtype=torch.float64).to(dtype)
+    q, k, v, dout = (torch.randn(s, generator=g, dtype=torch.float64).to(device, dtype)
                      for s in shapes)
     return q, k, v, dout
 
 
-def run_case(case, rank, world_size, seed):
+def run_case(case, rank, world_size, seed, device="cpu"):
     import torch.distributed as dist
 
     import flashcpp.torch as fa
@@ -74,12 +75,12 @@ def run_case(case, rank, world_size, seed):
     layout = case.get("layout", "zigzag")
     options = dict(causal=case.get("causal", False), window=case.get("window", (-1, -1)),
                    softcap=case.get("softcap", 0.0))
-    q, k, v, dout = _inputs(case, seed, world_size)
+    q, k, v, dout = _inputs(case, seed, world_size, device)
     dtype = q.dtype
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     if "cu" in case:
         cu = case["cu"]
-        cu_t = torch.tensor(cu, dtype=torch.int32)
+        cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
         lengths = [b - a for a, b in zip(cu, cu[1:])]
         single = fa.attention_varlen(*leaves, cu_t, cu_t, max(lengths, default=0),
                                      max(lengths, default=0), **options)
@@ -118,6 +119,7 @@ def run_case(case, rank, world_size, seed):
     exact.backward(dout.double())
     mine = [shard(t).requires_grad_() for t in (q, k, v)]
     out = run(*mine)
+    assert out.device == q.device, f"{case['name']}: out on {out.device}, inputs on {q.device}"
     out.backward(shard(dout))
     name = case["name"]
     check_close(gather(out.detach()), single.detach(), exact.detach(), dtype, f"{name} out")
@@ -146,6 +148,33 @@ CASES = [
     dict(name="ulysses-window-contiguous-bf16", method="ulysses", batch=1, n=3, heads=(1, 1),
          d=16, window=(2, 0), softcap=3.0, layout="contiguous", dtype=torch.bfloat16),
 ]
+
+
+# One GPU a rank (NCCL): the head dims, dtypes and lengths the CUDA kernels serve, lengths that
+# cross tile edges and leave uneven shards.
+GPU_CASES = [
+    dict(name="gpu-plain-d128-bf16", batch=2, n=1536, heads=(4, 4), d=128,
+         dtype=torch.bfloat16),
+    dict(name="gpu-causal-gqa-d64-fp16", batch=1, n=2048, heads=(8, 2), d=64, causal=True,
+         dtype=torch.float16),
+    dict(name="gpu-causal-window-contiguous", batch=1, n=1000, heads=(4, 1), d=128,
+         causal=True, window=(300, -1), layout="contiguous", dtype=torch.bfloat16),
+    dict(name="gpu-window-softcap-d64", batch=1, n=777, heads=(2, 2), d=64, window=(100, 50),
+         softcap=30.0, dtype=torch.bfloat16),
+    dict(name="gpu-varlen-causal-gqa", cu=[0, 300, 300, 1100, 1901], total=1901, heads=(4, 2),
+         d=128, causal=True, dtype=torch.bfloat16),
+    dict(name="gpu-ulysses-causal", method="ulysses", batch=1, n=1024, heads=(2, 1), d=128,
+         causal=True, dtype=torch.bfloat16),
+]
+
+
+def run_gpu_cases(rank, world_size, seed):
+    import torch.distributed as dist
+
+    assert dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device())
+    return [run_case(case, rank, world_size, seed + i, device)
+            for i, case in enumerate(GPU_CASES)]
 
 
 def compiled_matches_eager(rank, world_size):
