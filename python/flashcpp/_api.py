@@ -69,7 +69,8 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
                                    cu_seqlens_k=cu_seqlens_k, out=out, lse_out=lse_out), handle)
         _native.forward(q, k, v, out, lse_out,
                         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
-                        handle, _workspace_allocator(fw, q, None if stream is None else handle))
+                        handle, _workspace_allocator(fw, q, None if stream is None else handle),
+                        fw.export)
     return (out, lse_out) if return_lse else out
 
 
@@ -145,7 +146,8 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                    dk=dk, dv=dv), handle)
         _native.backward(dout, q, k, v, out, lse, dq, dk, dv,
                          (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
-                         handle, _workspace_allocator(fw, q, None if stream is None else handle))
+                         handle, _workspace_allocator(fw, q, None if stream is None else handle),
+                         fw.export)
     return dq, dk, dv
 
 
@@ -235,7 +237,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                                    v=v, out=out), handle)
         _native.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k, v, kwargs, handle,
-            _workspace_allocator(fw, q, None if stream is None else handle))
+            _workspace_allocator(fw, q, None if stream is None else handle), fw.export)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -26,7 +26,7 @@ def shape_of(x: Any, name: str) -> Tuple[int, ...]:
             f"{name}: expected an array or tensor (DLPack, buffer protocol or "
             f"__cuda_array_interface__), got {type(x).__name__}"
         )
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))
 
 
 class Framework:
@@ -37,6 +37,10 @@ class Framework:
     def prepare(self, x: Any) -> Any:
         """What to hand to the native module for `x`."""
         return x
+
+    # _native's `export`: what the native module is handed for a prepared array, once per
+    # native call; None hands the array itself over.
+    export: Optional[Callable[[Any], Any]] = None
 
     def is_cuda(self, x: Any) -> bool:
         if hasattr(x, "__dlpack_device__"):
@@ -122,6 +126,24 @@ class TorchFramework(Framework):
 
     def __init__(self, torch):
         self.torch = torch
+        self.tensor_type = torch.Tensor
+        self.to_dlpack = torch.utils.dlpack.to_dlpack
+        self.is_compiling = torch.compiler.is_compiling
+        self.is_grad_enabled = torch.is_grad_enabled
+        self.export = self._export
+
+    def _export(self, x):
+        # A plain tensor's DLPack capsule straight from torch's C++ (to_dlpack): the same capsule
+        # as Tensor.__dlpack__() (stream -1: no synchronisation) without that Python method's
+        # cost. Anything else (a subclass with __torch_function__, a tensor that requires grad,
+        # which DLPack refuses, a sparse one) goes to the native module as it is, which reports
+        # it naming the argument.
+        if type(x) is not self.tensor_type or x.requires_grad:
+            return x
+        try:
+            return self.to_dlpack(x)
+        except (RuntimeError, BufferError, TypeError):
+            return x
 
     def prepare(self, x):
         # DLPack refuses tensors that require grad; flashcpp only reads them.
@@ -131,8 +153,10 @@ class TorchFramework(Framework):
         return x.is_cuda
 
     def empty(self, like, shape, dtype=None):
-        kind = like.dtype if dtype is None else getattr(self.torch, dtype)
-        return self.torch.empty(tuple(shape), dtype=kind, device=like.device)
+        # new_empty: like's device and dtype without building a torch.device per call
+        if dtype is None:
+            return like.new_empty(tuple(shape))
+        return like.new_empty(tuple(shape), dtype=getattr(self.torch, dtype))
 
     def zeros(self, like, shape):
         return self.torch.zeros(tuple(shape), dtype=like.dtype, device=like.device)
@@ -149,7 +173,7 @@ class TorchFramework(Framework):
     def device_guard(self, like):
         if like.is_cuda and like.device.index != self.torch.cuda.current_device():
             return self.torch.cuda.device(like.device)
-        return contextlib.nullcontext()
+        return _NO_GUARD
 
     def stream_scope(self, like, stream):
         if stream is None or not like.is_cuda:
@@ -160,9 +184,9 @@ class TorchFramework(Framework):
         # Tensors that need autograd, or that torch.compile is tracing, take the custom ops of
         # flashcpp.torch (a direct native call would be a graph break). torch is imported
         # already: q is one of its tensors.
-        torch = self.torch
-        if torch.compiler.is_compiling() or (
-                torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        if self.is_compiling() or (
+                (q.requires_grad or getattr(k, "requires_grad", False)
+                 or getattr(v, "requires_grad", False)) and self.is_grad_enabled()):
             from . import torch as flashcpp_torch  # noqa: PLC0415
 
             return flashcpp_torch
@@ -204,20 +228,46 @@ class CupyFramework(Framework):
 
 
 _GENERIC = Framework()
+# A nullcontext to reuse: entering and leaving it keeps no state.
+_NO_GUARD = contextlib.nullcontext()
+
+# The framework of each array type seen so far: a type's framework never changes (a torch.Tensor
+# type cannot exist before torch is imported, and the generic answer holds for a type of no
+# known framework even if one is imported later, since isinstance of that type stays False).
+_framework_by_type: Dict[type, Framework] = {}
 
 
 def framework_of(x: Any) -> Framework:
     """The framework `x` belongs to, among those the caller has imported."""
+    kind = type(x)
+    framework = _framework_by_type.get(kind)
+    if framework is None:
+        framework = _framework_of_new_type(x)
+        _framework_by_type[kind] = framework
+    return framework
+
+
+def _framework_of_new_type(x: Any) -> Framework:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        return TorchFramework(torch)
+        return _shared(TorchFramework, torch)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(x, np.ndarray):
-        return NumpyFramework(np)
+        return _shared(NumpyFramework, np)
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
-        return CupyFramework(cupy)
+        return _shared(CupyFramework, cupy)
     return _GENERIC
+
+
+_instances: Dict[type, Framework] = {}
+
+
+def _shared(kind: type, module: Any) -> Framework:
+    """One adapter per framework, shared by its array types (torch.Tensor, nn.Parameter, ...)."""
+    if kind not in _instances:
+        _instances[kind] = kind(module)
+    return _instances[kind]
 
 
 def stream_handle(stream: Any) -> int:
@@ -283,11 +333,21 @@ def order_after_producers(arrays: Dict[str, Any], launch: int) -> None:
     arrays on the launch stream itself."""
     producers: Dict[int, int] = {}  # stream -> a data pointer on it (locates the device)
     for name, x in arrays.items():
-        producer = None if x is None else cuda_array_interface_stream(x, name)
-        if producer is not None and not _same_stream(producer, launch):
+        if x is None or type(x) in _dlpack_types:
+            continue
+        producer = cuda_array_interface_stream(x, name)
+        if producer is None:
+            if hasattr(type(x), "__dlpack__"):
+                _dlpack_types.add(type(x))
+        elif not _same_stream(producer, launch):
             producers.setdefault(producer, int(x.__cuda_array_interface__["data"][0]))
     for producer, pointer in producers.items():
         stream_waiter(launch, producer, pointer)
+
+
+# Types whose instances the native module reads through DLPack (their type has __dlpack__), so
+# their __cuda_array_interface__ stream is never consulted: skipped without a look.
+_dlpack_types: set = set()
 
 
 class _CudaDriver:

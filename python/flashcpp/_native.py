@@ -55,14 +55,30 @@ def options(
     num_splits: int = 0,
     deterministic: bool = False,
 ) -> dict:
-    """Checks the Python types of the options and returns the native module's keywords."""
+    """Checks the Python types of the options and returns the native module's keywords.
+
+    The result is shared between calls with the same arguments (callers must not modify it):
+    building it costs more than the rest of a small decode call's Python layer."""
+    key = (causal, softmax_scale, window, softcap, backend, num_splits, deterministic)
+    # Only exact ints are looked up: 1.0 == 1 would otherwise find the entry of 1 and skip
+    # the TypeError that a float window or num_splits gets.
+    exact = (type(window) is tuple and len(window) == 2 and type(window[0]) is int
+             and type(window[1]) is int and type(num_splits) is int)
+    if exact:
+        try:
+            cached = _options_cache.get(key)
+        except TypeError:  # an unhashable argument (a list window, a tensor scale): not cached
+            exact = False
+        else:
+            if cached is not None:
+                return cached
     try:
         window_left, window_right = window
     except (TypeError, ValueError):
         raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    return dict(
+    result = dict(
         causal=bool(causal),
         softmax_scale=None if softmax_scale is None else float(softmax_scale),
         window_left=int32(window_left, "window", window),
@@ -72,6 +88,16 @@ def options(
         num_splits=int32(num_splits, "num_splits"),
         deterministic=bool(deterministic),
     )
+    if exact:
+        if len(_options_cache) >= _OPTIONS_CACHE_SIZE:  # e.g. a scale that changes every call
+            _options_cache.clear()
+        _options_cache[key] = result
+    return result
+
+
+# options() results by their arguments; a handful of entries in a model's life.
+_options_cache: dict = {}
+_OPTIONS_CACHE_SIZE = 256
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -102,35 +128,67 @@ PADDED = (None, None, 0, 0)
 #   varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), PADDED when not varlen;
 #   options: options()'s keywords; stream: the cudaStream_t to run on (0 on the host);
 #   allocate: nbytes -> a writable buffer on the call's device, made by the caller's framework,
-#     for the scratch memory the call asks for; None on the host, which needs none.
+#     for the scratch memory the call asks for; None on the host, which needs none;
+#   export: array -> what the native module is handed for it (a DLPack capsule made without the
+#     Python-level __dlpack__ method, which costs a few microseconds per array and call), or
+#     None to hand the arrays over as they are. Called once per array and native call, since a
+#     capsule is consumed by the call that imports it.
 # The caller makes the call's device current. Each records its RunInfo for last_run_info().
 
 
 def forward(q, k, v, out, lse, varlen: Tuple, options: dict, stream: int,
-            allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+            allocate: Optional[Callable[[int], Any]],
+            export: Optional[Callable[[Any], Any]] = None) -> RunInfo:
     """Writes out (and lse unless None)."""
-    return _launch(True, (q, k, v, out, lse), q, k, v, varlen, options, stream, allocate)
+    return _launch(True, (q, k, v, out, lse), varlen, options, stream, allocate, export)
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, stream: int,
-             allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+             allocate: Optional[Callable[[int], Any]],
+             export: Optional[Callable[[Any], Any]] = None) -> RunInfo:
     """Writes dq, dk and dv."""
-    return _launch(False, (dout, q, k, v, out, lse, dq, dk, dv), q, k, v, varlen, options,
-                   stream, allocate)
+    return _launch(False, (dout, q, k, v, out, lse, dq, dk, dv), varlen, options, stream,
+                   allocate, export)
 
 
-def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> RunInfo:
+def _exported(arrays: Tuple, export: Optional[Callable[[Any], Any]]) -> Tuple:
+    if export is None:
+        return arrays
+    return tuple(None if a is None else export(a) for a in arrays)
+
+
+_NO_VARLEN: dict = {}  # a padded call leaves cu_seqlens and max_seqlen at their defaults
+
+
+def _launch(is_forward, tensors, varlen, options, stream, allocate, export) -> RunInfo:
     cu_q, cu_k, max_q, max_k = varlen
-    shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int32(max_q, "max_seqlen_q"),
-                 max_seqlen_k=int32(max_k, "max_seqlen_k"))
+    if cu_q is None and cu_k is None and max_q == 0 and max_k == 0:
+        shape = _NO_VARLEN
+    else:
+        shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                     max_seqlen_q=int32(max_q, "max_seqlen_q"),
+                     max_seqlen_k=int32(max_k, "max_seqlen_k"))
     workspace = None
     if allocate is not None:
+        # q, k and v: the last three of the backward's first six tensors, the first three of
+        # the forward's
+        qkv = tensors[:3] if is_forward else tensors[1:4]
         query = _C.forward_workspace_size if is_forward else _C.backward_workspace_size
-        nbytes = query(q, k, v, **shape, **options)
+        nbytes = query(*_exported(qkv, export), **_exported_varlen(shape, export), **options)
         if nbytes:
             workspace = allocate(nbytes)
     native = _C.forward if is_forward else _C.backward
-    return _record(native(*tensors, **shape, **options, stream=stream, workspace=workspace))
+    return _record(native(*_exported(tensors, export), **_exported_varlen(shape, export),
+                          **options, stream=stream,
+                          workspace=None if workspace is None or export is None
+                          else export(workspace)))
+
+
+def _exported_varlen(shape: dict, export: Optional[Callable[[Any], Any]]) -> dict:
+    if export is None or not shape:
+        return shape
+    cu_q, cu_k = _exported((shape["cu_seqlens_q"], shape["cu_seqlens_k"]), export)
+    return dict(shape, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
 def cache_capacity(k_cache_shape: Tuple[Any, ...],
@@ -146,17 +204,21 @@ def cache_capacity(k_cache_shape: Tuple[Any, ...],
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k_new,
                            v_new, options: dict, stream: int,
-                           allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+                           allocate: Optional[Callable[[int], Any]],
+                           export: Optional[Callable[[Any], Any]] = None) -> RunInfo:
     """Appends k_new and v_new into the caches (when given), writes out (and lse unless None).
 
     The workspace is sized by the call's plan, which depends on the shapes and options only, so
     a CUDA graph can replay the call with new lengths and block-table contents."""
-    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, out=out,
-                   block_table=block_table, k_new=k_new, v_new=v_new, lse=lse)
+    # The native module's positional order: q, k_cache, v_cache, cache_seqlens, out,
+    # block_table, k_new, v_new, lse.
+    tensors = (q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse)
     workspace = None
     if allocate is not None:
-        nbytes = _C.plan_kvcache(**tensors, **options)[3]
+        nbytes = _C.plan_kvcache(*_exported(tensors, export), **options)[3]
         if nbytes:
             workspace = allocate(nbytes)
-    return _record(_C.attention_with_kvcache(**tensors, **options, stream=stream,
-                                             workspace=workspace))
+            if export is not None:
+                workspace = export(workspace)
+    return _record(_C.attention_with_kvcache(*_exported(tensors, export), **options,
+                                             stream=stream, workspace=workspace))

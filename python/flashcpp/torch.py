@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _native
+from ._frameworks import framework_of
 from ._native import Error
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "sdpa"]
@@ -69,13 +70,20 @@ def _device_guard(t: Tensor):
 
 
 def _launch(run, q: Tensor, *args) -> None:
-    """run(*args, stream, allocate), a _native launch, on q's device and its current stream,
-    with a torch-owned workspace."""
+    """run(*args, stream, allocate, export), a _native launch, on q's device and its current
+    stream, with a torch-owned workspace; tensors go to the native module as DLPack capsules
+    made by torch's C++ (cheaper than their __dlpack__ method)."""
+    if not q.is_cuda:
+        run(*args, 0, None, _export_tensor)
+        return
     with _device_guard(q):
-        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-        allocate = (functools.partial(torch.empty, dtype=torch.uint8, device=q.device)
-                    if q.is_cuda else None)
-        run(*args, stream, allocate)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        allocate = functools.partial(torch.empty, dtype=torch.uint8, device=q.device)
+        run(*args, stream, allocate, _export_tensor)
+
+
+# torch.Tensor -> what the native module is handed (see TorchFramework.export)
+_export_tensor = framework_of(torch.empty(0)).export
 
 
 # ---- forward ops --------------------------------------------------------------------------
@@ -266,6 +274,44 @@ def _attention_with_kvcache_append_fake(q, k_cache, v_cache, k, v, cache_seqlens
     return _kvcache_outputs(q, v_cache)
 
 
+# ---- eager fast path ------------------------------------------------------------------------
+# Dispatching a custom op costs tens of microseconds of host time (torch's dispatcher, the
+# autograd wrapper, the aliasing check), more than a whole decode call's own Python. Where the op
+# would do nothing but call its implementation (eager, plain tensors, no mode or transform that
+# intercepts ops, no profiler listing op names, no gradient to record), the public functions call
+# the implementation directly. Each check reads torch internals; where one is missing (another
+# torch version) the fast path is off and every call goes through the op.
+def _internal(path: str):
+    target = torch
+    for part in path.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target
+
+
+_compiling = _internal("compiler.is_compiling")
+_function_mode = _internal("_C._is_torch_function_mode_enabled")
+_dispatch_modes = _internal("_C._len_torch_dispatch_stack")
+_profiling = _internal("_C._autograd._profiler_enabled")
+_functorch_level = _internal("_C._functorch.maybe_current_level")
+_FAST_PATH = None not in (_compiling, _function_mode, _dispatch_modes, _profiling,
+                          _functorch_level)
+
+
+def _direct_call_ok(*tensors) -> bool:
+    """True where calling an op's implementation directly does what the op call would do.
+    tensors: the op's tensor arguments (None for an absent optional one)."""
+    if not _FAST_PATH or _compiling() or _function_mode() or _dispatch_modes() or _profiling():
+        return False
+    if _functorch_level() is not None:  # inside vmap / grad / jvp
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not Tensor:  # FakeTensor, DTensor, Parameter, ...
+            return False
+    return True
+
+
 # ---- public functions ---------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
@@ -279,10 +325,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     torch.use_deterministic_algorithms(True)).
     """
     o = _native.options(causal, softmax_scale, window, softcap, backend)
-    out, lse = torch.ops.flashcpp.attention_fwd(q, k, v, o["causal"], o["softmax_scale"],
-                                                o["window_left"], o["window_right"],
-                                                o["softcap"], o["backend"],
-                                                bool(deterministic))
+    if _direct_call_ok(q, k, v) and not (torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, lse = _run_forward(q, k, v, _native.PADDED, o)  # no gradient to record
+    else:
+        out, lse = torch.ops.flashcpp.attention_fwd(q, k, v, o["causal"], o["softmax_scale"],
+                                                    o["window_left"], o["window_right"],
+                                                    o["softcap"], o["backend"],
+                                                    bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -326,8 +376,13 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     options = (o["causal"], o["softmax_scale"], o["window_left"], o["window_right"],
                o["softcap"], o["num_splits"], o["backend"])
     if k is None:
-        out, lse = torch.ops.flashcpp.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
-                                                             block_table, *options)
+        if _direct_call_ok(q, k_cache, v_cache, cache_seqlens, block_table):
+            # the op has no autograd formula and mutates nothing: its implementation is all
+            out, lse = _run_kvcache(q, k_cache, v_cache, None, None, cache_seqlens, block_table,
+                                    *options)
+        else:
+            out, lse = torch.ops.flashcpp.attention_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens, block_table, *options)
     else:
         out, lse = torch.ops.flashcpp.attention_with_kvcache_append(
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, *options)

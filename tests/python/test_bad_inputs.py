@@ -73,6 +73,13 @@ ERRORS = [
      flashcpp.Error, r"^max_seqlen_q: 2147483648 is outside the int32 range"),
     ("8", lambda: flashcpp.attention(*qkv(), window=(1.5, 2)), TypeError,
      r"^window: expected an int, got \(1.5, 2\)"),
+    # 1.0 == 1 and hash(1.0) == hash(1): the options cached for (1, 2) must not serve (1.0, 2)
+    ("8", lambda: (flashcpp.attention(*qkv(), window=(1, 2)),
+                   flashcpp.attention(*qkv(), window=(1.0, 2))), TypeError,
+     r"^window: expected an int, got \(1.0, 2\)"),
+    ("8", lambda: (flashcpp.attention(*qkv(), num_splits=1),
+                   flashcpp.attention(*qkv(), num_splits=1.0)), TypeError,
+     r"^num_splits: expected an int, got 1.0"),
     ("8", lambda: flashcpp.attention(misstrided(), *qkv()[1:]), flashcpp.Error,
      r"^q: stride of dimension 2 \(130 bytes\) is not a multiple of the element size \(4 bytes\)"),
     ("8", lambda: with_cai_q(data=None), TypeError,

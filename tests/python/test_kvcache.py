@@ -309,6 +309,40 @@ def test_torch_op_on_cpu(rng, torch, page_size):
     check_torch(torch, cache, q, k, v, k_cache, v_cache, generic, generic_lse)
 
 
+def test_torch_eager_fast_path_only_where_the_op_would_just_run(rng, torch):
+    # flashcpp.torch calls the read-only op's implementation directly in plain eager mode (the
+    # dispatcher costs more host time than the call); under a dispatch mode, with a tensor
+    # subclass or with the profiler on, the op itself runs, and both give the same result.
+    import flashcpp.torch as fa
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    (q, k_cache, v_cache, _, _, lens, table), _ = torch_case(torch, rng, torch.float32, "cpu", 8)
+    assert fa._direct_call_ok(q, k_cache, v_cache, lens, table)
+    assert not fa._direct_call_ok(q, torch.nn.Parameter(k_cache), v_cache, lens, table)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    direct = fa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                       block_table=table, causal=True)
+    with Seen() as seen:
+        assert not fa._direct_call_ok(q, k_cache, v_cache, lens, table)
+        through_op = fa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                               block_table=table, causal=True)
+    assert any("flashcpp.attention_with_kvcache" in op for op in seen.ops)
+    torch.testing.assert_close(through_op, direct, atol=0, rtol=0)
+    with torch.profiler.profile() as profile:
+        assert not fa._direct_call_ok(q, k_cache, v_cache, lens, table)
+        fa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+    assert any("flashcpp::attention_with_kvcache" in e.name for e in profile.events())
+
+
 def test_torch_ops_pass_opcheck(rng, torch):
     # Schema (the declared mutations), fake tensors, AOT dispatch of both ops. The append op
     # runs several times over; it writes the same rows each time.
