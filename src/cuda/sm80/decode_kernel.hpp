@@ -115,6 +115,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   }
   const bool k_col = chunk * 8 < p.head_dim, v_col = chunk * 8 < p.head_dim_v;
   const bool rows_share_page = !kPaged || p.page_size % kRowsPerThread == 0;
+  // Paged, rows sharing a page: the block-table entry of the next block this thread loads is
+  // read one load_block ahead, so its latency hides behind a block's compute instead of
+  // stalling the copies that depend on it (blocks are loaded in order).
+  const auto table_entry = [&](int blk) {
+    const int key0 = blk * BN + row_base;
+    return blk < blk_end && key0 < n_keys
+               ? p.block_table[b * p.block_table_stride + page_of(p, key0)]
+               : -1;
+  };
+  int next_entry = kPaged && rows_share_page ? table_entry(blk_begin) : -1;
   const auto load_block = [&](int blk, int stage) {
     const int key0 = blk * BN + row_base;
     int rows = min(kRowsPerThread, n_keys - key0);  // this thread's rows inside the sequence
@@ -124,7 +134,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       std::int64_t k_row0 = 0, v_row0 = 0;
       if (rows > 0) {
         if constexpr (kPaged) {
-          const int page = cache_page(p, b, key0);
+          const int page = next_entry >= 0 && next_entry < p.num_pages ? next_entry : -1;
           if (page < 0) rows = 0;
           k_row0 = page * ks.batch + std::int64_t(row_in_page(p, key0)) * ks.row;
           v_row0 = page * vs.batch + std::int64_t(row_in_page(p, key0)) * vs.row;
@@ -133,6 +143,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
           v_row0 = std::int64_t(key0) * vs.row;
         }
       }
+      if constexpr (kPaged) next_entry = table_entry(blk + 1);
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
