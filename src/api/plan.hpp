@@ -19,6 +19,8 @@ struct Plan {
   std::size_t workspace_bytes = 0;
   // CUDA sm90+: a split call's combine launches as a programmatic dependent of the main kernel.
   bool overlap_combine = false;
+  // CUDA KV cache: the call runs the forward kernels (prefill with a cache), not the decode one.
+  bool kvcache_on_forward = false;
 
   RunInfo run_info() const { return {backend, kernel, num_splits}; }
 };

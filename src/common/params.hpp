@@ -52,10 +52,19 @@ struct ForwardParams {
   int window_left = -1;  // -1: unbounded
   int window_right = -1;
 
+  // Per-sequence key counts on the device (a KV cache's lengths): sequence b of an otherwise
+  // padded batch sees keys [0, min(seqused_k[b] + seqused_k_add, seqlen_k)). CUDA runs such a
+  // call as varlen over rows packed sequence after sequence (q row b * seqlen_q + i, k row
+  // b * seqlen_k + j), so the batch strides must be seqlen times the row strides.
+  const std::int32_t* seqused_k = nullptr;
+  int seqused_k_add = 0;
+
   int device = 0;      // CUDA ordinal
   int num_splits = 0;  // 0: heuristic
 
-  FLASHCPP_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  FLASHCPP_HOST_DEVICE bool is_varlen() const {
+    return cu_seqlens_q != nullptr || seqused_k != nullptr;
+  }
 };
 
 struct BackwardParams : ForwardParams {

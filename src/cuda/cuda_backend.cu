@@ -5,6 +5,7 @@
 #include "cuda/cuda_backend.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
+#include "cuda/common/kvcache_append.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/split_heuristic.hpp"
 #include "cuda/plan_log.hpp"
@@ -236,6 +238,42 @@ std::size_t decode_workspace_bytes(const KVCacheParams& p, int splits) {
   return rows * (std::size_t(p.head_dim_v) + 1) * sizeof(float);
 }
 
+// ---- KV cache on the forward kernels (prefill with a cache) ----
+// The decode kernel reads the cache once per 16 rows of (new token, query head of the group),
+// the forward kernels once per 128 new tokens and query head: from a few dozen new tokens on
+// (chunked prefill) the forward kernels read far less. FLASHCPP_KVCACHE_FORWARD_MIN_NNEW
+// (read once; default 64) moves the threshold, e.g. to compare the two.
+int kvcache_forward_min_nnew() {
+  static const int threshold = [] {
+    const char* v = std::getenv("FLASHCPP_KVCACHE_FORWARD_MIN_NNEW");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : 64;
+  }();
+  return threshold;
+}
+
+// The call as a forward over per-sequence key counts (ForwardParams::seqused_k): q, out and the
+// caches are read as rows packed sequence after sequence, which their strides must allow.
+ForwardParams kvcache_forward_params(const KVCacheParams& p) {
+  ForwardParams f = p;
+  f.seqused_k = p.cache_seqlens;
+  f.seqused_k_add = p.appends() ? p.seqlen_q : 0;
+  f.total_rows_q = std::int64_t(p.batch) * p.seqlen_q;
+  f.total_rows_k = std::int64_t(p.batch) * p.seqlen_k;
+  f.num_splits = 1;
+  return f;
+}
+
+bool kvcache_runs_forward(const KVCacheParams& p) {
+  if (p.paged() || p.num_splits > 1 || p.head_dim != p.head_dim_v) return false;
+  if (p.seqlen_q < kvcache_forward_min_nnew() || p.seqlen_k == 0) return false;
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  const auto packs = [&](const Strides& s, int rows) {
+    return p.batch <= 1 || s.batch == std::int64_t(rows) * s.row;
+  };
+  return packs(p.q_stride, p.seqlen_q) && packs(p.out_stride, p.seqlen_q) &&
+         packs(p.k_stride, p.seqlen_k) && packs(p.v_stride, p.seqlen_k);
+}
+
 // ---- backward ----
 
 // The error for a backward call that no built kernel runs. When the sm90a backward was asked
@@ -328,6 +366,20 @@ RunInfo run_forward(const Plan& plan, const ForwardParams& params, Stream stream
 
 Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
   const DeviceInfo& dev = checked_device(params.device, requested);
+  if (kvcache_runs_forward(params)) {
+    const ForwardParams f = kvcache_forward_params(params);
+    Plan plan;
+    if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
+      plan = plan_sm90_forward(f);
+      plan.workspace_bytes = 0;  // its tiles are dealt statically: no tile counter
+    } else if (smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
+      plan = plan_sm80_forward(f);
+    }
+    if (plan.kernel_index >= 0) {
+      plan.kvcache_on_forward = true;
+      return log_plan("kvcache", params, plan);
+    }
+  }
   // The decode kernel is an sm80-family kernel (it carries sm_90 SASS): it serves explicit
   // cuda_sm90 requests too, as the sm80 forward does for what sm90a does not cover.
   const sm80::DecodeKernel& k = sm80::decode_kernel_for(params);
@@ -346,6 +398,16 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
 RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream,
                     Workspace workspace) {
   if (params.batch == 0 || params.seqlen_q == 0) return plan.run_info();
+  if (plan.kvcache_on_forward) {
+    if (params.appends()) {
+      KVCacheKernelParams kp;
+      kp.p = params;
+      launch_on_device(params.device, [&] {
+        launch_kvcache_append(kp, reinterpret_cast<cudaStream_t>(stream));
+      });
+    }
+    return run_forward(plan, kvcache_forward_params(params), stream, workspace);
+  }
   const sm80::DecodeKernel& kernel = sm80::kDecodeKernels[plan.kernel_index];
   const int splits = splits_to_run(plan, workspace);
   KVCacheKernelParams kp;

@@ -4,8 +4,9 @@
 // from 0 to 65536, batches up to 64, appends, GQA 8:1 and MQA, Nnew 1/4/16, D 64 and 128 in
 // bf16 and fp16, causal, lse, the workspace of plan_attention_with_kvcache, lengths beyond the
 // capacity, and a CUDA graph replayed after the lengths and the block table changed on the
-// device. Skips without a GPU; in a build without CUDA it is one skipping test. Cases whose
-// kernel a subset build lacks are reported as skipped (cuda_harness.hpp).
+// device, and prefill with a cache on the forward kernels. Skips without a GPU; in a build
+// without CUDA it is one skipping test. Cases whose kernel a subset build lacks are reported
+// as skipped (cuda_harness.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -131,7 +132,8 @@ void expect_ran_on_gpu(const KvCase& c, const RunInfo& info, const KVCachePlan& 
 
 // Plans and runs `views` on the default stream with the plan's workspace (poisoned), and
 // waits. Returns false when this build lacks the case's kernel (recorded, not failed).
-bool run_gpu(const KvCase& c, const KvViews& views) {
+// `kernel_has`: a part of the name of the kernel the call must run.
+bool run_gpu(const KvCase& c, const KvViews& views, const char* kernel_has = nullptr) {
   try {
     const KVCacheTensors tensors = views.tensors(c);
     const KVCachePlan plan = plan_attention_with_kvcache(tensors, c.options());
@@ -141,6 +143,9 @@ bool run_gpu(const KvCase& c, const KvViews& views) {
                                                 {workspace.ptr, plan.workspace_bytes});
     cuda_ok(cudaDeviceSynchronize());
     expect_ran_on_gpu(c, info, plan);
+    if (kernel_has != nullptr) {
+      EXPECT_NE(std::string(info.kernel).find(kernel_has), std::string::npos) << info.kernel;
+    }
     return true;
   } catch (const Error& e) {
     if (!cuda_test::record_if_unbuilt(test::kv_case_name(c), e)) throw;
@@ -149,7 +154,7 @@ bool run_gpu(const KvCase& c, const KvViews& views) {
 }
 
 // One case end to end: host tensors, oracle, device run, checks.
-void check_gpu(const KvCase& c) {
+void check_gpu(const KvCase& c, const char* kernel_has = nullptr) {
   SCOPED_TRACE(test::kv_case_name(c));
   auto rng = test::test_rng();
   KvTensors t(c, rng);
@@ -157,7 +162,7 @@ void check_gpu(const KvCase& c) {
   const KvExpected e = test::kv_oracle(c, t);
   DeviceKv device(t);
   device.upload(t);
-  if (!run_gpu(c, device.views(t))) return;
+  if (!run_gpu(c, device.views(t), kernel_has)) return;
   device.download(t);
   expect_gpu_result(c, before, t, e);
 }
@@ -226,6 +231,32 @@ TEST_F(KvCacheCuda, Masks) {
   KvCase capped = gpu_case({513, 0, 77}, 4, 32, 4, 128, DType::bf16, 0);
   capped.softcap = 30.0f;
   check_gpu(capped);
+}
+
+// Prefill with a cache (64 new tokens or more, contiguous cache): the forward kernels run the
+// call over the cache's per-sequence lengths (ForwardParams::seqused_k), the sm90a kernel on
+// Hopper and the sm80 one when asked. NaN past the lengths, a zero length, appends or not.
+TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
+  // Chunked prefill with appends: GQA 4:1, bf16 d128, causal.
+  const bool hopper = cuda_test::not_sm90_reason().empty();
+  check_gpu(gpu_case({0, 100, 1000}, 200, 16, 4, 128, DType::bf16, 0),
+            hopper ? "sm90_fwd" : "sm80_fwd");
+  // No append (the new keys are in the cache already), a causal window, fp16 d64, MQA.
+  KvCase window = gpu_case({64, 0, 300, 1}, 64, 8, 1, 64, DType::fp16, 0);
+  window.append = false;
+  window.window_left = 50;
+  check_gpu(window, "_fwd_");
+  // No mask, softcap, no lse, one sequence; and the sm80 forward asked for explicitly.
+  KvCase full = gpu_case({777}, 130, 8, 2, 128, DType::bf16, 0);
+  full.causal = false;
+  full.softcap = 20.0f;
+  full.with_lse = false;
+  check_gpu(full, "_fwd_");
+  KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
+  sm80.backend = Backend::cuda_sm80;
+  check_gpu(sm80, "sm80_fwd");
+  // A paged cache stays on the decode kernel.
+  check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64), "decode");
 }
 
 // An explicit sm80 request runs there, also on Hopper.

@@ -2,12 +2,16 @@
 // Appends k_new / v_new into the cache: row t of sequence b goes to key cache_seqlens[b] + t.
 // One warp per (sequence, new token, kv head), 16-byte vectors along the head dim. Rows that
 // would land past the capacity or on an out-of-range page are dropped (kvcache_layout.hpp).
+#include <climits>
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/cuda_check.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/kvcache_layout.hpp"
+#include "flashcpp/error.hpp"
 
 namespace flashcpp::detail::cuda {
 
@@ -43,6 +47,19 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
            p.head_dim, lane);
   copy_row(static_cast<Element*>(const_cast<void*>(p.v)) + v_at, src(p.v_new, p.v_new_stride),
            p.head_dim_v, lane);
+}
+
+// Launches the append of a call with k_new: the rows only move, so fp16 and bf16 share the
+// 2-byte instantiation.
+inline void launch_kvcache_append(const KVCacheKernelParams& kp, cudaStream_t stream) {
+  const KVCacheParams& p = kp.p;
+  const std::int64_t rows = std::int64_t(p.batch) * p.seqlen_q * p.heads_kv;
+  const std::int64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
+  if (blocks == 0) return;
+  if (blocks > INT_MAX)
+    throw Error("k_new: " + std::to_string(rows) + " rows exceed the append's grid");
+  kvcache_append_kernel<std::uint16_t><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
+  FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace flashcpp::detail::cuda

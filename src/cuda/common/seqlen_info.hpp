@@ -19,6 +19,7 @@ struct SeqlenInfo {
   std::int64_t row_k;      // first key row
   std::int64_t batch_q;    // b (padded) or 0 (varlen): multiplies the batch strides
   std::int64_t batch_k;
+  std::int64_t lse_row0;   // lse of the sequence's row i, head h: lse_row0 + h * head stride + i
 
   SeqlenInfo() = default;
 
@@ -30,6 +31,7 @@ struct SeqlenInfo {
     s.seqlen_k = p.seqlen_k;
     s.row_q = s.row_k = 0;
     s.batch_q = s.batch_k = b;
+    s.lse_row0 = b * p.lse_batch_stride;
     return s;
   }
 
@@ -40,11 +42,22 @@ struct SeqlenInfo {
       clamp_rows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.total_rows_k, p.seqlen_k, row_k,
                  seqlen_k);
       batch_q = batch_k = 0;
+      lse_row0 = row_q;
+    } else if (p.seqused_k != nullptr) {
+      // Sequences of seqlen_q rows and seqlen_k key slots, seqused_k[b] + add of them in use.
+      seqlen_q = p.seqlen_q;
+      row_q = std::int64_t(b) * p.seqlen_q;
+      const std::int64_t used = std::int64_t(p.seqused_k[b]) + p.seqused_k_add;
+      seqlen_k = int(used < 0 ? 0 : used > p.seqlen_k ? p.seqlen_k : used);
+      row_k = std::int64_t(b) * p.seqlen_k;
+      batch_q = batch_k = 0;
+      lse_row0 = b * p.lse_batch_stride;
     } else {
       seqlen_q = p.seqlen_q;
       seqlen_k = p.seqlen_k;
       row_q = row_k = 0;
       batch_q = batch_k = b;
+      lse_row0 = b * p.lse_batch_stride;
     }
   }
 

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     static_cast<Element*>(p.out)[seq.offset(p.out_stride, seq.batch_q, seq.row_q + i, head) + d] =
         Element(acc);
   if (d == 0 && p.lse != nullptr)
-    p.lse[seq.batch_q * p.lse_batch_stride + std::int64_t(head) * p.lse_head_stride + seq.row_q + i] = lse;
+    p.lse[seq.lse_row0 + std::int64_t(head) * p.lse_head_stride + i] = lse;
 }
 
 // Launches the combine after the kernel that wrote the partials. With `overlap` (sm90+) it is

@@ -20,13 +20,7 @@ template <class Element, int kHeadDim>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim>;
   const KVCacheParams& p = kp.p;
-  if (p.appends()) {
-    const std::int64_t rows = std::int64_t(p.batch) * p.seqlen_q * p.heads_kv;
-    const std::int64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
-    if (blocks > INT_MAX) throw Error("k_new: " + std::to_string(rows) + " rows exceed the append's grid");
-    kvcache_append_kernel<Element><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
-    FLASHCPP_CUDA_CHECK(cudaGetLastError());
-  }
+  if (p.appends()) launch_kvcache_append(kp, stream);
   const bool softcap = kp.softcap_in_scale != 0.f, paged = p.paged();
   const auto kernel = softcap ? (paged ? &decode_kernel<Traits, true, true> : &decode_kernel<Traits, true, false>)
                               : (paged ? &decode_kernel<Traits, false, true> : &decode_kernel<Traits, false, false>);

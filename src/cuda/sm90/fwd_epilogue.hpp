@@ -82,8 +82,7 @@ struct FwdEpilogue {
     if (p.lse == nullptr || get<1>(c(0, 0)) != 0) return;
     const int m0 = tile.m_block * kBlockM;
     const int rows = seq.seqlen_q - m0;
-    float* lse_out = p.lse + seq.batch_q * p.lse_batch_stride +
-                     std::int64_t(tile.head) * p.lse_head_stride + seq.row_q + m0;
+    float* lse_out = p.lse + seq.lse_row0 + std::int64_t(tile.head) * p.lse_head_stride + m0;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(c(r, 0));
