@@ -144,23 +144,42 @@ int heuristic_splits(const ForwardParams& p, const Sm80FwdTile& t) {
   return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
 }
 
-// The sm90a forward does not split KV yet: the calls the sm80 kernel would split stay there.
+// The sm90a forward splits KV too, but its 128-row query tiles would run nearly empty for a few
+// query rows (decode-like calls through the forward API): those keep the sm80 split kernel.
 bool sm90_forward_runs(const ForwardParams& p) {
-  if (!sm90::fwd_covers(p) || p.num_splits > 1) return false;
-  return p.num_splits == 1 || heuristic_splits(p, sm80_fwd_tile(p.head_dim)) <= 1;
+  if (!sm90::fwd_covers(p)) return false;
+  if (p.seqlen_q >= 64 || p.num_splits == 1) return true;
+  return p.num_splits <= 0 && heuristic_splits(p, sm80_fwd_tile(p.head_dim)) <= 1;
 }
 
-// Varlen on sm90a deals its tiles from a counter in the workspace (fwd_tile_scheduler.hpp).
-// Optional: without a workspace that holds it the tiles are dealt statically (same result).
+// Varlen on sm90a deals its tiles from a counter in the workspace (fwd_tile_scheduler.hpp),
+// after the split-KV partials. Optional: without a workspace that holds it the tiles are dealt
+// statically (same result).
 constexpr std::size_t kTileCounterBytes = 16;
 
-Plan plan_sm90_forward(const ForwardParams& p) {
+// Splits the heuristic wants for the sm90a forward of kernel `k` (its 128-row query tiles and
+// key blocks), whatever workspace the caller has.
+int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
+  const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
+  const int n_blocks = int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
+  const int s = split_heuristic(std::int64_t(p.batch) * p.heads_q * sm90::fwd_num_m_blocks(p, k),
+                                n_blocks, device_info(p.device).sm_count);
+  if (s <= 1) return 1;
+  const int per_split = (n_blocks + s - 1) / s;
+  return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
+}
+
+// dynamic_deal: a varlen call's workspace also holds the tile counter.
+Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   const sm90::FwdKernel& k = *sm90::find_fwd_kernel(p);
   Plan plan;
   plan.backend = Backend::cuda_sm90;
-  plan.kernel = sm90::fwd_kernel_name(k);
   plan.kernel_index = int(&k - sm90::kFwdKernels);
-  plan.workspace_bytes = p.is_varlen() ? kTileCounterBytes : 0;
+  plan.splits_optional = p.num_splits <= 0;
+  plan.num_splits = plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
+  plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1);
+  plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits) +
+                         (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
 }
 
@@ -193,17 +212,25 @@ void fold_scales(KernelParams& kp) {
 RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream stream,
                          Workspace workspace) {
   const sm90::FwdKernel& kernel = sm90::kFwdKernels[plan.kernel_index];
+  const int splits = splits_to_run(plan, workspace);
   FwdKernelParams kp;
   kp.p = params;
+  kp.num_splits = splits;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
-  if (plan.workspace_bytes > 0 && workspace.data != nullptr &&
-      workspace.bytes >= plan.workspace_bytes &&
+  const std::size_t split_bytes = split_workspace_bytes(params, splits);
+  if (splits > 1) {
+    kp.o_accum = static_cast<float*>(workspace.data);
+    kp.lse_accum = kp.o_accum + split_o_accum_elems(params, splits);
+  }
+  // The tile counter, where the plan asked for one and the workspace holds it.
+  if (plan.workspace_bytes >= split_bytes + kTileCounterBytes && workspace.data != nullptr &&
+      workspace.bytes >= split_bytes + kTileCounterBytes &&
       reinterpret_cast<std::uintptr_t>(workspace.data) % 16 == 0)
-    kp.tile_counter = static_cast<int*>(workspace.data);
+    kp.tile_counter = reinterpret_cast<int*>(static_cast<char*>(workspace.data) + split_bytes);
   fold_scales(kp);
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-  return plan.run_info();
+  return {Backend::cuda_sm90, sm90::fwd_kernel_name(kernel, splits > 1), splits};
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,
@@ -259,7 +286,6 @@ ForwardParams kvcache_forward_params(const KVCacheParams& p) {
   f.seqused_k_add = p.appends() ? p.seqlen_q : 0;
   f.total_rows_q = std::int64_t(p.batch) * p.seqlen_q;
   f.total_rows_k = std::int64_t(p.batch) * p.seqlen_k;
-  f.num_splits = 1;
   return f;
 }
 
@@ -370,8 +396,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
     const ForwardParams f = kvcache_forward_params(params);
     Plan plan;
     if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
-      plan = plan_sm90_forward(f);
-      plan.workspace_bytes = 0;  // its tiles are dealt statically: no tile counter
+      plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
     } else if (smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);
     }

@@ -32,9 +32,9 @@ using namespace cuda_test;
 
 class CudaForward : public BackendSuite<forward_skip_reason> {
  protected:
-  // A case that requests the backend under test and must run on it. On sm90 it never splits
-  // (num_splits 1): with 0 the split heuristic decides, and the calls it would split (small
-  // grids: decode, or few heads) go to sm80, since the sm90 kernels do not split KV yet.
+  // A case that requests the backend under test and must run on it. On sm90 it is unsplit
+  // (num_splits 1): with 0 the split heuristic decides, and the split calls with fewer than 64
+  // query rows (decode shapes) go to sm80. The sm90 split-KV tests set their own.
   FwdCase base() const {
     FwdCase c;
     c.backend = c.expect = GetParam();
@@ -42,7 +42,7 @@ class CudaForward : public BackendSuite<forward_skip_reason> {
     return c;
   }
 };
-class CudaForwardSm80 : public CudaForward {};  // split-KV, which only the sm80 kernels do
+class CudaForwardSm80 : public CudaForward {};
 class CudaForwardSm90 : public CudaForward {};
 
 INSTANTIATE_TEST_SUITE_P(, CudaForward, kGpuBackends, backend_suffix);
@@ -51,14 +51,14 @@ INSTANTIATE_TEST_SUITE_P(, CudaForwardSm80, ::testing::Values(Backend::cuda_sm80
 INSTANTIATE_TEST_SUITE_P(, CudaForwardSm90, ::testing::Values(Backend::cuda_sm90),
                          backend_suffix);
 
-// Split-KV forced to 3 splits: B 2, 4/2 heads, Nq 77, Nk 1000, d128. Returns the result.
-FwdResult check_split_kv_forced(FwdCase c) {
+// Split-KV forced to 3 splits: B 2, 4/2 heads, Nq 77, Nk 1000, head dim d. Returns the result.
+FwdResult check_split_kv_forced(FwdCase c, int d = 128) {
   c.B = 2;
   c.Hq = 4;
   c.Hkv = 2;
   c.Nq = 77;
   c.Nk = 1000;
-  c.D = 128;
+  c.D = d;
   c.num_splits = 3;
   const FwdResult r = check(c);
   if (!r.not_built) {
@@ -200,10 +200,10 @@ TEST_P(CudaForward, RowsWithoutVisibleKeysGiveZeroAndMinusInf) {
 }
 
 // Causal, B 2, 4 heads, Nq 300, Nk 700: one run and three in a row give the same bits. sm80
-// at d96, split by the heuristic and in 4; sm90 (never split) at each instantiated head dim.
+// at d96, split by the heuristic and in 4; sm90 unsplit and in 4 at each instantiated head dim.
 // An unbuilt case is recorded once and compares nothing.
 TEST_P(CudaForward, RepeatedRunsBitwiseIdentical) {
-  for (int splits : per_backend(std::vector{0, 4}, std::vector{1}))
+  for (int splits : per_backend(std::vector{0, 4}, std::vector{1, 4}))
     for (int d : per_backend(std::vector{96}, std::vector{64, 128, 256})) {
       FwdCase c = base();
       c.num_splits = splits;
@@ -395,14 +395,55 @@ TEST_P(CudaForwardSm90, StrideOfAnExtentOneModeIsIgnored) {
   EXPECT_NE(ha[0], 0xffff);  // the kernel wrote (NaN poison gone)
 }
 
-// sm90 does not split KV yet: a forced split, and a decode shape the heuristic splits, run on
-// the sm80 split-KV kernels, and RunInfo says so.
-TEST_P(CudaForwardSm90, SplitKvFallsBackToSm80) {
-  FwdCase on_sm80 = base();
-  on_sm80.expect = Backend::cuda_sm80;
-  check_split_kv_forced(on_sm80);
+// sm90 split-KV: forced splits (3 and 7, uneven shares, splits that see no key of a causal
+// tile), padded and varlen, every instantiated head dim (d256 stores from registers), masks;
+// the heuristic splits a grid of few query tiles, and without a workspace the call runs unsplit.
+TEST_P(CudaForwardSm90, SplitKv) {
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      FwdCase c = base();
+      c.causal = causal;
+      const FwdResult r = check_split_kv_forced(c, d);
+      if (!r.not_built) {
+        EXPECT_NE(std::string(r.info.kernel).find("sm90_fwd"), std::string::npos);
+        EXPECT_NE(std::string(r.info.kernel).find("splitkv"), std::string::npos);
+      }
+    }
+  FwdCase v = base();
+  v.seqlens_q = {3, 0, 130, 70};
+  v.seqlens_k = {500, 7, 1, 900};
+  v.Hq = 4;
+  v.Hkv = 2;
+  v.D = 128;
+  v.num_splits = 7;
+  v.wl = 100;
+  check(v);
+  v.wl = -1;
+  v.causal = true;
+  check(v);
 
-  FwdCase d = decode_case(on_sm80);
+  FwdCase h = base();
+  h.num_splits = 0;
+  h.Hq = h.Hkv = 2;
+  h.Nq = 256;
+  h.Nk = 8192;
+  h.D = 128;
+  const FwdResult r = check(h);
+  if (!r.not_built) {
+    EXPECT_GT(r.info.num_splits, 1) << "2 heads x 2 query tiles should split";
+  }
+  h.give_workspace = false;  // same answer, unsplit
+  const FwdResult r2 = check(h);
+  if (!r2.not_built) {
+    EXPECT_EQ(r2.info.num_splits, 1);
+  }
+}
+
+// A decode shape (one query row) the heuristic splits runs on the sm80 split-KV kernels, whose
+// query tiles are not 128 rows, and RunInfo says so.
+TEST_P(CudaForwardSm90, DecodeShapeSplitsOnSm80) {
+  FwdCase d = decode_case(base());
+  d.expect = Backend::cuda_sm80;
   d.num_splits = 0;
   const FwdResult r = check(d);
   if (!r.not_built) {

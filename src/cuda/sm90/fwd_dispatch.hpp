@@ -97,12 +97,13 @@ inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
-// RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws".
-inline const char* fwd_kernel_name(const FwdKernel& k) {
+// RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split).
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false) {
   const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
-                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
+                     (split ? "_splitkv" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

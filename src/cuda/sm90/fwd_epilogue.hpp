@@ -11,6 +11,8 @@
 //  - or from registers (d256, where shared memory has no room for O, and varlen rows that
 //    reach past the sequence's end): two neighbouring
 //    columns per 4-byte store, predicated on the row and column bounds.
+// Split-KV instantiations (kSplit) store the split's normalised O in float32 and its lse into
+// the workspace instead, for the combine kernel (split_kv_combine.hpp).
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
@@ -27,7 +29,7 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
-template <class Traits_>
+template <class Traits_, bool kSplit = false>
 struct FwdEpilogue {
   using Traits = Traits_;
   using Element = typename Traits::Element;
@@ -50,6 +52,10 @@ struct FwdEpilogue {
     // An opaque copy of tid: otherwise the compiler hoists this thread's O addresses out of
     // the persistent tile loop and keeps them live (spilled) across the main loop.
     asm volatile("mov.b32 %0, %0;" : "+r"(tid));
+    if constexpr (kSplit) {
+      store_partial(params.kp, seq, tile, acc_o, lse, tid);
+      return;
+    }
     store_lse(params.kp, seq, tile, lse, tid);
     // Varlen: a warpgroup whose 64 rows run past the sequence's end stores from registers; a
     // TMA store would write those rows into the next sequence's (only the packed tensor's end
@@ -68,7 +74,7 @@ struct FwdEpilogue {
 
   // Before the CTA exits: its last TMA stores must have finished reading shared memory.
   __device__ void drain(int tid) const {
-    if constexpr (Traits::kTmaStoreO)
+    if constexpr (Traits::kTmaStoreO && !kSplit)
       if (tid % 128 == 0) tma_store_wait<0>();
   }
 
@@ -135,6 +141,35 @@ struct FwdEpilogue {
                                         group_modes<0, 2>(sO), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));
       tma_store_arrive();
+    }
+  }
+
+  // Split j's rows: O [split, b, h, row, Dv] and lse [split, b, h, row] of the workspace, rows
+  // counted up to seqlen_q (the longest sequence for varlen), as the combine reads them.
+  template <class AccO, int kRows>
+  __device__ static void store_partial(const FwdKernelParams& kp, const SeqlenInfo& seq,
+                                       const TileCoord& tile, AccO const& acc_o,
+                                       const float (&lse)[kRows], int tid) {
+    const ForwardParams& p = kp.p;
+    const int m0 = tile.m_block * kBlockM;
+    const int rows = seq.seqlen_q - m0;
+    const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+    const std::int64_t row0 = tile.split * rows_per_split +
+                              (std::int64_t(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + m0;
+    auto c = coords(tid);
+    Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(o_rc); ++r) {
+      const int row = get<0>(c(r, 0));
+      if (row >= rows) continue;
+      if (get<1>(c(r, 0)) == 0) kp.lse_accum[row0 + row] = lse[r];
+      float* o_row = kp.o_accum + (row0 + row) * p.head_dim_v;
+      CUTE_UNROLL
+      for (int col_i = 0; col_i < size<1>(o_rc); col_i += 2) {
+        const int col = get<1>(c(r, col_i));
+        if (col < p.head_dim_v)
+          *reinterpret_cast<float2*>(o_row + col) = make_float2(o_rc(r, col_i), o_rc(r, col_i + 1));
+      }
     }
   }
 

@@ -27,7 +27,7 @@ namespace flashcpp::detail::cuda::sm90 {
 using namespace cute;
 
 // What both roles derive from a scheduler slot: the tile (or a hole), its sequence, mask and
-// key blocks.
+// key blocks (a split's share of them).
 template <class Scheduler, int kBlockM, int kBlockN>
 struct TileWork {
   TileCoord tile;
@@ -41,7 +41,14 @@ struct TileWork {
         valid(Scheduler::tile(kp, slot, tile)),
         seq(kp.p, tile.batch),
         mask(seq.seqlen_q, seq.seqlen_k, kp.p.window_left, kp.p.window_right),
-        range(mask.n_blocks(tile.m_block, kBlockM, kBlockN)) {}
+        range(mask.n_blocks(tile.m_block, kBlockM, kBlockN)) {
+    if constexpr (Scheduler::kSplit) {
+      // Split j takes the j-th equal share of the tile's key blocks (none past the end).
+      const int per = (range.end - range.begin + kp.num_splits - 1) / kp.num_splits;
+      const int begin = min(range.end, range.begin + tile.split * per);
+      range = {begin, min(range.end, begin + per)};
+    }
+  }
 
   // False also for a tile whose rows see no key: it stores O = 0 and lse = -inf.
   __device__ bool has_work() const { return valid && range.begin < range.end; }

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/split_kv_combine.hpp"
 #include "cuda/sm90/fwd_epilogue.hpp"
 #include "cuda/sm90/fwd_kernel.hpp"
 #include "cuda/sm90/fwd_mainloop.hpp"
@@ -21,12 +22,12 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-template <class Traits>
+template <class Traits, bool kSplit>
 void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  using Scheduler = PersistentTileScheduler<Traits::kBlockM, Traits::kVarlen>;
+  using Scheduler = PersistentTileScheduler<Traits::kBlockM, Traits::kVarlen, kSplit>;
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
   params.kp = kp;
@@ -54,17 +55,17 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 
   if (kp.tile_counter != nullptr)
     FLASHCPP_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
-  const auto kernel = &fwd_kernel<FwdMainloop<Traits>, FwdEpilogue<Traits>, Scheduler>;
+  const auto kernel = &fwd_kernel<FwdMainloop<Traits>, FwdEpilogue<Traits, kSplit>, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASHCPP_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // Persistent: one CTA per SM (shared memory admits no second), each walking its units.
   const std::int64_t slots = std::int64_t(Scheduler::slots_per_head(kp)) *
-                             p.heads_q * p.batch;
+                             p.heads_q * p.batch * (kSplit ? kp.num_splits : 1);
   if (slots > INT_MAX / 2)  // headroom: a CTA's next slot is computed before the bound test
     throw Error("q: " + std::to_string(slots) +
-                " query tiles (batch x heads x ceil(seqlen_q / 128)) exceed the sm90 forward's "
-                "limit of 2^30");
+                " query tiles (batch x heads x ceil(seqlen_q / 128) x splits) exceed the sm90 "
+                "forward's limit of 2^30");
   const int units = Scheduler::num_units(kp);
   if (units == 0) return;
   int device = 0, sms = 0;
@@ -73,15 +74,25 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const unsigned grid = unsigned(units < sms ? units : sms);
   kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  // The splits' partials merge in the combine, a programmatic dependent of this kernel.
+  if constexpr (kSplit) launch_combine<Element>(kp, true, stream);
 }
 
-// Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen).
+// Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
+// split-KV calls (kSplit: the epilogue writes partials for the combine).
 template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
-  if (kp.p.is_varlen())
-    launch_fwd<FwdTraits<Element, kHeadDim, true>>(kp, stream);
-  else
-    launch_fwd<FwdTraits<Element, kHeadDim, false>>(kp, stream);
+  const bool split = kp.num_splits > 1;
+  if (kp.p.is_varlen()) {
+    if (split)
+      launch_fwd<FwdTraits<Element, kHeadDim, true>, true>(kp, stream);
+    else
+      launch_fwd<FwdTraits<Element, kHeadDim, true>, false>(kp, stream);
+  } else if (split) {
+    launch_fwd<FwdTraits<Element, kHeadDim, false>, true>(kp, stream);
+  } else {
+    launch_fwd<FwdTraits<Element, kHeadDim, false>, false>(kp, stream);
+  }
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

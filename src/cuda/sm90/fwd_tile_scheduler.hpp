@@ -22,6 +22,10 @@
 // counter in global memory, in the same slot order, so CTAs running together still share a few
 // heads' K and V in L2; the imbalance left is at most one tile.
 //
+// Split-KV calls (kSplit, kp.num_splits > 1) repeat the whole deal once per split, split
+// outermost: slot s of split j is slot j * (slots of one split) + s, and the tile's key blocks
+// are split j's share (TileWork in fwd_kernel.hpp).
+//
 // The walk is stated in slots: unit u owns slots [u * kSlots, (u + 1) * kSlots). Everything
 // is recomputed from the kernel parameters (constant memory) instead of being kept in
 // registers across the main loop.
@@ -35,8 +39,9 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-template <int kBlockM, bool kVarlen>
+template <int kBlockM, bool kVarlen, bool kSplit_ = false>
 struct PersistentTileScheduler {
+  static constexpr bool kSplit = kSplit_;
   __host__ __device__ static bool paired(const FwdKernelParams& kp) {
     return kp.p.window_left >= 0 || kp.p.window_right >= 0;
   }
@@ -44,8 +49,11 @@ struct PersistentTileScheduler {
   __host__ __device__ static int slots_per_head(const FwdKernelParams& kp) {
     return paired(kp) ? 2 * ((kp.num_m_blocks + 1) / 2) : kp.num_m_blocks;
   }
-  __host__ __device__ static int num_slots(const FwdKernelParams& kp) {
+  __host__ __device__ static int slots_per_split(const FwdKernelParams& kp) {
     return slots_per_head(kp) * kp.p.heads_q * kp.p.batch;
+  }
+  __host__ __device__ static int num_slots(const FwdKernelParams& kp) {
+    return slots_per_split(kp) * (kSplit ? kp.num_splits : 1);
   }
   __host__ __device__ static int num_units(const FwdKernelParams& kp) {
     return num_slots(kp) / (paired(kp) ? 2 : 1);
@@ -64,10 +72,15 @@ struct PersistentTileScheduler {
   // The query tile of `slot`; false for a hole (the odd M's middle pair slot, or a varlen
   // sequence's slots past its own tiles).
   __device__ static bool tile(const FwdKernelParams& kp, int slot, TileCoord& t) {
+    t.split = 0;
+    if constexpr (kSplit) {
+      const int per_split = slots_per_split(kp);
+      t.split = slot / per_split;
+      slot %= per_split;
+    }
     const int per_head = slots_per_head(kp);
     const int head_batch = slot / per_head;
     const int r = slot % per_head;
-    t.split = 0;
     t.head = head_batch % kp.p.heads_q;
     t.batch = head_batch / kp.p.heads_q;
     int m_blocks = kp.num_m_blocks;
