@@ -1,0 +1,211 @@
+"""JAX: flashcpp attention under jax.jit, jax.grad and jax.vmap, through the XLA FFI.
+
+    import jax, flashcpp.jax
+    loss = lambda q, k, v: flashcpp.jax.attention(q, k, v, causal=True).sum()
+    dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+attention() is a jax.custom_vjp. Its forward is one XLA custom call (the handlers of
+python/src/xla_ffi.cpp, registered for XLA's CPU platform and, in a CUDA build, its CUDA
+platform, where it runs on XLA's stream) and saves q, k, v, out and lse; its backward is a
+second custom call. Scratch memory is an extra output of each call, so XLA allocates it with
+its other buffers. flashcpp.attention() hands JAX tracers (under jit, grad, vmap) to this
+module.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _C, _native
+
+_ffi = getattr(jax, "ffi", None) or jax.extend.ffi  # jax.ffi from jax 0.4.38 on
+
+_FORWARD = "flashcpp_attention_forward"
+_BACKWARD = "flashcpp_attention_backward"
+_DTYPES = ("float32", "float16", "bfloat16")
+_BACKENDS = ("auto", "automatic", "cpu", "cpu_reference", "cuda_sm80", "cuda_sm90")
+
+
+def available() -> bool:
+    """True when this build of flashcpp has the XLA FFI handlers (compiled against jaxlib's
+    headers)."""
+    return bool(getattr(_C, "has_xla_ffi", False))
+
+
+def _require_handlers() -> None:
+    if not available():
+        raise RuntimeError(
+            "flashcpp.jax: this build of flashcpp has no XLA FFI handlers, which JAX needs under "
+            "jax.jit, jax.grad and jax.vmap (CMake found no jaxlib headers when it was built). "
+            "Rebuild with jax installed: `pip install --no-build-isolation .` in an "
+            "environment that has jax, or pass -C cmake.define.FLASHCPP_XLA_FFI_INCLUDE_DIR="
+            "$(python -c 'import jax; print(jax.ffi.include_dir())'). Outside jit, "
+            "flashcpp.attention() still takes concrete JAX arrays through DLPack.")
+
+
+if available():
+    for _name, _platforms in _C.xla_ffi_targets().items():
+        for _platform, _handler in _platforms.items():
+            _ffi.register_ffi_target(_name, _handler, platform=_platform)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device() -> Optional[int]:
+    """flashcpp's CUDA device for trace-time workspace queries, or None where JAX's calls
+    cannot run on CUDA (a CPU build of flashcpp, no GPU, a JAX without a CUDA backend)."""
+    if not _C.built_with_cuda or not _native.cuda_available():
+        return None
+    for platform in ("cuda", "gpu"):
+        try:
+            if jax.devices(platform):
+                return 0
+        except RuntimeError:
+            continue
+    return None
+
+
+def _workspace_bytes(for_backward: bool, q, k, v, options: dict) -> int:
+    """Scratch bytes of the call if it runs on CUDA; 0 where it cannot (the CPU needs none).
+
+    Traced shapes carry no platform, so a CUDA-capable process sizes every call for CUDA (an
+    unused buffer on the CPU). The size is asked for device 0: it depends on the device only
+    through the forward's KV-split heuristic, and a forward whose workspace is too small for
+    the split it wants runs unsplit (same result); the backward's size is the same on every
+    device."""
+    device = _cuda_device()
+    if device is None or options["backend"] in ("cpu", "cpu_reference"):
+        return 0
+    try:
+        return int(_C.xla_workspace_size(for_backward, q.dtype.name, q.shape, k.shape, v.shape,
+                                          device, **options))
+    except (_native.Error, TypeError):
+        return 0  # the call itself reports what is wrong with it, where it runs
+
+
+def _ffi_attributes(options: dict) -> dict:
+    """The options as XLA FFI attributes (xla_ffi.cpp: AttentionAttrs); an attribute cannot be
+    None, so softmax_scale comes with has_softmax_scale."""
+    scale = options["softmax_scale"]
+    return dict(
+        causal=np.bool_(options["causal"]),
+        has_softmax_scale=np.bool_(scale is not None),
+        softmax_scale=np.float32(0.0 if scale is None else scale),
+        window_left=np.int32(options["window_left"]),
+        window_right=np.int32(options["window_right"]),
+        softcap=np.float32(options["softcap"]),
+        backend=options["backend"],
+        num_splits=np.int32(options["num_splits"]),
+        deterministic=np.bool_(options["deterministic"]),
+    )
+
+
+def _workspace(nbytes: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
+
+
+# vmap: "broadcast_all" gives the handlers every buffer with the mapped dimensions in front;
+# they fold them into the batch dimension (one call for the whole vmapped batch).
+def _forward_call(q, k, v, options: dict):
+    batch, rows, heads, _ = q.shape
+    results = (
+        jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),      # out
+        jax.ShapeDtypeStruct((batch, heads, rows), jnp.float32),         # lse
+        _workspace(_workspace_bytes(False, q, k, v, options)),
+    )
+    call = _ffi.ffi_call(_FORWARD, results, vmap_method="broadcast_all")
+    out, lse, _ = call(q, k, v, **_ffi_attributes(options))
+    return out, lse
+
+
+def _backward_call(dout, q, k, v, out, lse, options: dict):
+    results = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        _workspace(_workspace_bytes(True, q, k, v, options)),
+    )
+    call = _ffi.ffi_call(_BACKWARD, results, vmap_method="broadcast_all")
+    dq, dk, dv, _ = call(dout, q, k, v, out, lse, **_ffi_attributes(options))
+    return dq, dk, dv
+
+
+# options: the items of _native.options(), a tuple so that JAX can hash it.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention(q, k, v, options: Tuple) -> Tuple[Any, Any]:
+    return _forward_call(q, k, v, dict(options))
+
+
+def _attention_fwd(q, k, v, options):
+    out, lse = _forward_call(q, k, v, dict(options))
+    return (out, lse), (q, k, v, out, lse)
+
+
+def _attention_bwd(options, residuals, cotangents):
+    q, k, v, out, lse = residuals
+    dout, _ = cotangents  # attention() returns lse through stop_gradient: its cotangent is 0
+    return _backward_call(dout.astype(q.dtype), q, k, v, out, lse, dict(options))
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _check_inputs(q, k, v) -> None:
+    """What the traced output shapes need; the handlers' call validates the rest (batch, heads,
+    head dims, the backend's limits) and raises with flashcpp's message."""
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        if x.ndim != 4:
+            raise _native.Error(f"{name}: expected 4 dimensions [B, N, H, D], got shape "
+                                f"{tuple(x.shape)}")
+        if x.dtype.name not in _DTYPES:
+            raise TypeError(f"{name}: dtype {x.dtype.name} is not supported (supported: "
+                            f"{', '.join(_DTYPES)})")
+    for x, name in ((k, "k"), (v, "v")):
+        if x.dtype != q.dtype:
+            raise _native.Error(f"{name}: dtype {x.dtype.name} differs from q's "
+                                f"{q.dtype.name}")
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
+              window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+              return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
+              deterministic: bool = False):
+    """flashcpp.attention() for JAX, differentiable and traceable (jit, grad, vmap).
+
+    q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (Hq a multiple of Hkv), float32
+    (CPU), float16 or bfloat16; options as in flashcpp.attention(). Gradients flow to q, k and
+    v; lse (return_lse=True) is returned through jax.lax.stop_gradient. deterministic applies
+    to the backward. Under jax.vmap the mapped dimensions join the batch.
+    """
+    _require_handlers()
+    options = _native.options(causal, softmax_scale, window, softcap, backend, num_splits,
+                              deterministic)
+    if backend not in _BACKENDS:
+        raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
+                            f"cuda_sm90, got {backend!r}")
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    _check_inputs(q, k, v)
+    out, lse = _attention(q, k, v, tuple(options.items()))
+    if return_lse:
+        return out, jax.lax.stop_gradient(lse)
+    return out
+
+
+def attention_varlen(*args, **kwargs):
+    """Not offered for JAX yet: varlen (packed) attention runs on concrete arrays only."""
+    raise NotImplementedError(
+        "flashcpp.jax: attention_varlen is not available under jax.jit / jax.grad / jax.vmap "
+        "yet; pad the batch and use attention(), or call flashcpp.attention_varlen on "
+        "concrete arrays")
+
+
+def attention_with_kvcache(*args, **kwargs):
+    """Not offered for JAX: the KV-cache call writes its caches in place."""
+    raise NotImplementedError(
+        "flashcpp.jax: attention_with_kvcache is not available under jax.jit / jax.grad / "
+        "jax.vmap (it writes the caches in place); call flashcpp.attention_with_kvcache on "
+        "concrete arrays")

@@ -1,0 +1,347 @@
+// The JAX binding's native half: XLA FFI handlers for the forward (out, lse) and the backward
+// (dq, dk, dv), on XLA's CPU platform and, in a CUDA build, its CUDA platform.
+//
+// XLA hands a handler dense row-major buffers, its stream (CUDA) and the attributes that
+// flashcpp/jax.py put into the call; the handler views the buffers as flashcpp::TensorView and
+// calls the same C++ API as the DLPack entry points. Scratch memory is one more output buffer
+// that XLA allocates with the others, sized at trace time (xla_workspace_size): a handler
+// allocates nothing and never waits for the device.
+#include "xla_ffi.hpp"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "flashcpp/flashcpp.hpp"
+#include "options.hpp"
+#include "xla/ffi/api/ffi.h"
+
+#ifdef FLASHCPP_PY_WITH_CUDART
+#include <cuda_runtime_api.h>
+#endif
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+using flashcpp::DType;
+using flashcpp::TensorView;
+
+namespace flashcpp_python {
+namespace {
+
+// The call's attributes (jax.py: _ffi_attributes), by name. softmax_scale is read only when
+// has_softmax_scale (an FFI attribute cannot be None).
+struct AttentionAttrs {
+  bool causal;
+  bool has_softmax_scale;
+  float softmax_scale;
+  std::int32_t window_left;
+  std::int32_t window_right;
+  float softcap;
+  std::string_view backend;
+  std::int32_t num_splits;
+  bool deterministic;
+};
+
+}  // namespace
+}  // namespace flashcpp_python
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    flashcpp_python::AttentionAttrs, ::xla::ffi::StructMember<bool>("causal"),
+    ::xla::ffi::StructMember<bool>("has_softmax_scale"),
+    ::xla::ffi::StructMember<float>("softmax_scale"),
+    ::xla::ffi::StructMember<std::int32_t>("window_left"),
+    ::xla::ffi::StructMember<std::int32_t>("window_right"),
+    ::xla::ffi::StructMember<float>("softcap"),
+    ::xla::ffi::StructMember<std::string_view>("backend"),
+    ::xla::ffi::StructMember<std::int32_t>("num_splits"),
+    ::xla::ffi::StructMember<bool>("deterministic"));
+
+namespace flashcpp_python {
+namespace {
+
+flashcpp::AttentionOptions options_of(const AttentionAttrs& a) {
+  return make_options(a.causal,
+                      a.has_softmax_scale ? std::optional<float>(a.softmax_scale) : std::nullopt,
+                      a.window_left, a.window_right, a.softcap, a.backend, a.num_splits,
+                      a.deterministic);
+}
+
+DType dtype_of(ffi::DataType type, const char* name) {
+  switch (type) {
+    case ffi::DataType::F32: return DType::fp32;
+    case ffi::DataType::F16: return DType::fp16;
+    case ffi::DataType::BF16: return DType::bf16;
+    default:
+      throw flashcpp::Error(std::string(name) + ": XLA element type " +
+                            std::to_string(static_cast<int>(type)) +
+                            " is not supported (supported: float32, float16, bfloat16)");
+  }
+}
+
+// A view of a dense row-major buffer of `rank` dimensions ([B, N, H, D] or lse's [B, H, N]).
+// jax.vmap (vmap_method "broadcast_all") prepends its dimensions to every buffer of the call;
+// in row-major memory they and B make one larger batch, so they fold into dimension 0.
+TensorView view_of(const ffi::AnyBuffer& buffer, int rank, const char* name,
+                   flashcpp::Device device) {
+  const auto dims = buffer.dimensions();
+  const int given = static_cast<int>(dims.size());
+  if (given < rank)
+    throw flashcpp::Error(std::string(name) + ": expected " + std::to_string(rank) +
+                          " dimensions, got " + std::to_string(given));
+  TensorView view;
+  view.data = buffer.untyped_data();
+  view.dtype = dtype_of(buffer.element_type(), name);
+  view.device = device;
+  view.rank = rank;
+  const int folded = given - rank;
+  view.shape[0] = 1;
+  for (int d = 0; d <= folded; ++d) view.shape[0] *= dims[d];
+  for (int d = 1; d < rank; ++d) view.shape[d] = dims[folded + d];
+  std::int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    view.stride[d] = stride;
+    stride *= view.shape[d];
+  }
+  return view;
+}
+
+flashcpp::Workspace workspace_of(const ffi::AnyBuffer& buffer) {
+  if (buffer.size_bytes() == 0) return {};
+  return {buffer.untyped_data(), buffer.size_bytes()};
+}
+
+// Where a handler's buffers live, and the stream it runs on (none on the host).
+struct Place {
+  flashcpp::Device device;
+  flashcpp::Stream stream;
+};
+
+// flashcpp::Error (a bad argument, a request no kernel serves) becomes INVALID_ARGUMENT, which
+// JAX raises with the message; anything else is INTERNAL.
+template <class Body>
+ffi::Error guarded(Body&& body) {
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const flashcpp::Error& e) {
+    return ffi::Error::InvalidArgument(std::string("flashcpp: ") + e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("flashcpp: ") + e.what());
+  }
+}
+
+ffi::Error forward(Place place, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                   ffi::Result<ffi::AnyBuffer> workspace, const AttentionAttrs& attrs) {
+  return guarded([&] {
+    const TensorView lse_view = view_of(*lse, 3, "lse", place.device);
+    flashcpp::forward(view_of(q, 4, "q", place.device), view_of(k, 4, "k", place.device),
+                      view_of(v, 4, "v", place.device), view_of(*out, 4, "out", place.device),
+                      &lse_view, options_of(attrs), place.stream, workspace_of(*workspace));
+  });
+}
+
+ffi::Error backward(Place place, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                    ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace,
+                    const AttentionAttrs& attrs) {
+  return guarded([&] {
+    const flashcpp::Device d = place.device;
+    flashcpp::backward(view_of(q, 4, "q", d), view_of(k, 4, "k", d), view_of(v, 4, "v", d),
+                       view_of(out, 4, "out", d), view_of(dout, 4, "dout", d),
+                       view_of(lse, 3, "lse", d), view_of(*dq, 4, "dq", d),
+                       view_of(*dk, 4, "dk", d), view_of(*dv, 4, "dv", d), options_of(attrs),
+                       place.stream, workspace_of(*workspace));
+  });
+}
+
+// Bindings: arguments and results in the order jax.py passes them, then the attributes.
+auto forward_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()  // q
+      .Arg<ffi::AnyBuffer>()  // k
+      .Arg<ffi::AnyBuffer>()  // v
+      .Ret<ffi::AnyBuffer>()  // out
+      .Ret<ffi::AnyBuffer>()  // lse
+      .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .Attrs<AttentionAttrs>();
+}
+
+auto backward_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()  // dout
+      .Arg<ffi::AnyBuffer>()  // q
+      .Arg<ffi::AnyBuffer>()  // k
+      .Arg<ffi::AnyBuffer>()  // v
+      .Arg<ffi::AnyBuffer>()  // out
+      .Arg<ffi::AnyBuffer>()  // lse
+      .Ret<ffi::AnyBuffer>()  // dq
+      .Ret<ffi::AnyBuffer>()  // dk
+      .Ret<ffi::AnyBuffer>()  // dv
+      .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .Attrs<AttentionAttrs>();
+}
+
+constexpr Place kHost{flashcpp::Device::cpu(), nullptr};
+
+XLA_FFI_DEFINE_HANDLER(forward_cpu,
+                       ([](ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                           ffi::Result<ffi::AnyBuffer> ws, AttentionAttrs attrs) {
+                         return forward(kHost, q, k, v, out, lse, ws, attrs);
+                       }),
+                       forward_binding());
+
+XLA_FFI_DEFINE_HANDLER(backward_cpu,
+                       ([](ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> ws,
+                           AttentionAttrs attrs) {
+                         return backward(kHost, dout, q, k, v, out, lse, dq, dk, dv, ws, attrs);
+                       }),
+                       backward_binding());
+
+#ifdef FLASHCPP_PY_WITH_CUDART
+// The CUDA device that holds a buffer XLA passed (the device of the call): a host-side query,
+// no synchronisation.
+flashcpp::Device device_holding(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  if (pointer == nullptr || cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // clear the error of a failed query
+    int current = 0;
+    cudaGetDevice(&current);
+    return flashcpp::Device::cuda(current);
+  }
+  return flashcpp::Device::cuda(attributes.device);
+}
+
+XLA_FFI_DEFINE_HANDLER(forward_cuda,
+                       ([](flashcpp::Stream stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> ws,
+                           AttentionAttrs attrs) {
+                         const Place place{device_holding(q.untyped_data()), stream};
+                         return forward(place, q, k, v, out, lse, ws, attrs);
+                       }),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<flashcpp::Stream>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attrs<AttentionAttrs>());
+
+XLA_FFI_DEFINE_HANDLER(backward_cuda,
+                       ([](flashcpp::Stream stream, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                           ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
+                           ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::AnyBuffer> ws, AttentionAttrs attrs) {
+                         const Place place{device_holding(q.untyped_data()), stream};
+                         return backward(place, dout, q, k, v, out, lse, dq, dk, dv, ws, attrs);
+                       }),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<flashcpp::Stream>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attrs<AttentionAttrs>());
+#endif
+
+nb::capsule capsule_of(XLA_FFI_Handler* handler) {
+  return nb::capsule(reinterpret_cast<void*>(handler));
+}
+
+DType dtype_named(const std::string& name) {
+  if (name == "float32") return DType::fp32;
+  if (name == "float16") return DType::fp16;
+  if (name == "bfloat16") return DType::bf16;
+  throw flashcpp::Error("q: dtype " + name +
+                        " is not supported (supported: float32, float16, bfloat16)");
+}
+
+// A dense CUDA view of `shape` for a workspace query: the query validates the call and reads
+// no data, so the pointer only has to be non-null and aligned.
+TensorView stand_in_view(DType dtype, const std::vector<std::int64_t>& shape, int device,
+                         const char* name) {
+  if (shape.size() != 4)
+    throw flashcpp::Error(std::string(name) + ": expected 4 dimensions, got " +
+                          std::to_string(shape.size()));
+  TensorView view;
+  view.data = reinterpret_cast<void*>(std::uintptr_t{256});
+  view.dtype = dtype;
+  view.device = flashcpp::Device::cuda(device);
+  view.rank = 4;
+  std::int64_t stride = 1;
+  for (int d = 3; d >= 0; --d) {
+    view.shape[d] = shape[d];
+    view.stride[d] = stride;
+    stride *= shape[d];
+  }
+  return view;
+}
+
+std::size_t xla_workspace_size(bool for_backward, const std::string& dtype,
+                               const std::vector<std::int64_t>& q_shape,
+                               const std::vector<std::int64_t>& k_shape,
+                               const std::vector<std::int64_t>& v_shape, int device, bool causal,
+                               std::optional<float> softmax_scale, int window_left,
+                               int window_right, float softcap, const std::string& backend,
+                               int num_splits, bool deterministic) {
+  const flashcpp::AttentionOptions options = make_options(
+      causal, softmax_scale, window_left, window_right, softcap, backend, num_splits,
+      deterministic);
+  const DType type = dtype_named(dtype);
+  const TensorView q = stand_in_view(type, q_shape, device, "q");
+  const TensorView k = stand_in_view(type, k_shape, device, "k");
+  const TensorView v = stand_in_view(type, v_shape, device, "v");
+  return for_backward ? flashcpp::backward_workspace_size(q, k, v, options)
+                      : flashcpp::forward_workspace_size(q, k, v, options);
+}
+
+}  // namespace
+
+void define_xla_ffi(nb::module_& m) {
+  m.def(
+      "xla_ffi_targets",
+      [] {
+        nb::dict targets, forward_platforms, backward_platforms;
+        forward_platforms["cpu"] = capsule_of(forward_cpu);
+        backward_platforms["cpu"] = capsule_of(backward_cpu);
+#ifdef FLASHCPP_PY_WITH_CUDART
+        forward_platforms["CUDA"] = capsule_of(forward_cuda);
+        backward_platforms["CUDA"] = capsule_of(backward_cuda);
+#endif
+        targets["flashcpp_attention_forward"] = forward_platforms;
+        targets["flashcpp_attention_backward"] = backward_platforms;
+        return targets;
+      },
+      "{XLA FFI target name: {platform: handler capsule}} for jax.ffi.register_ffi_target.");
+  m.def("xla_workspace_size", &xla_workspace_size, nb::arg("for_backward"), nb::arg("dtype"),
+        nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"), nb::arg("device"),
+        nb::kw_only(), nb::arg("causal") = false, nb::arg("softmax_scale") = nb::none(),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("backend") = "auto", nb::arg("num_splits") = 0,
+        nb::arg("deterministic") = false,
+        "Scratch bytes of the CUDA call on CUDA device `device` with these dense shapes.");
+}
+
+}  // namespace flashcpp_python
