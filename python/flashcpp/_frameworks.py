@@ -203,6 +203,18 @@ class CupyFramework(Framework):
         return self.cupy.cuda.ExternalStream(stream)
 
 
+class JaxFramework(Framework):
+    """JAX tracers (under jax.jit, jax.grad, jax.vmap), which hold no data: the call becomes
+    flashcpp.jax's XLA custom calls. Concrete JAX arrays take the generic DLPack path."""
+
+    name = "jax"
+
+    def autograd_ops(self, q, k, v):
+        from . import jax as flashcpp_jax  # noqa: PLC0415 (imports jax, already imported)
+
+        return flashcpp_jax
+
+
 _GENERIC = Framework()
 
 
@@ -217,6 +229,10 @@ def framework_of(x: Any) -> Framework:
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
         return CupyFramework(cupy)
+    jax = sys.modules.get("jax")
+    tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+    if tracer is not None and isinstance(x, tracer):
+        return JaxFramework()
     return _GENERIC
 
 

@@ -1,0 +1,210 @@
+"""flashcpp.jax under jax.jit, jax.grad and jax.vmap (the XLA FFI handlers), against the
+float64 NumPy oracle. CPU here (CI installs a CPU jax); the CUDA tests skip without a GPU
+that both flashcpp and JAX see. Skipped without JAX."""
+
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX is not installed")
+jnp = jax.numpy
+
+import flashcpp  # noqa: E402
+import flashcpp.jax as fj  # noqa: E402
+import _reference as ref  # noqa: E402
+
+# CI builds flashcpp in the venv that has jax, so the handlers must be there; elsewhere a
+# build without them skips (test_missing_handlers_error_names_what_is_missing covers it).
+if not fj.available() and not os.environ.get("CI"):
+    pytest.skip("this flashcpp build has no XLA FFI handlers", allow_module_level=True)
+
+# Error bounds, relative to 1 + max|oracle|. Inputs are rounded to the dtype first and the
+# oracle runs on the rounded values, so what remains is the kernel's own rounding: fp32 as in
+# test_numpy_backward.py (1e-4 holds for N <= ~200); fp16/bf16 as there and in
+# test_cupy_jax.py: out and gradients rounded to the dtype at the end, P and dP rounded before
+# their products (2^-9 / 2^-8 for fp16; bf16 has 3 bits fewer).
+TOL = {"float32": (1e-4, 1e-4), "float16": (2.0**-9, 2.0**-8),
+       "bfloat16": (2.0**-6, 2.0**-5)}  # (out, gradients)
+LSE_TOL = 1e-3
+
+
+def random_case(seed):
+    """(B, Nq, Nk, Hq, Hkv, D) drawn from a seeded generator: odd lengths, GQA, MQA."""
+    rng = np.random.default_rng(seed)
+    hkv = int(rng.integers(1, 3))
+    return (int(rng.integers(1, 3)), int(rng.integers(1, 90)), int(rng.integers(1, 130)),
+            hkv * int(rng.integers(1, 4)), hkv, int(rng.choice([32, 64, 128])))
+
+
+def inputs(case, dtype, seed):
+    b, nq, nk, hq, hkv, d = case
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in ((b, nq, hq, d), (b, nk, hkv, d), (b, nk, hkv, d),
+                                               (b, nq, hq, d))]
+    # Round to the dtype once: JAX and the oracle see the same values.
+    return [np.asarray(jnp.asarray(a, dtype=dtype).astype(jnp.float32)) for a in arrays]
+
+
+def assert_close(actual, expected, tol, name):
+    actual = np.asarray(jnp.asarray(actual).astype(jnp.float32), dtype=np.float64)
+    assert actual.shape == expected.shape, name
+    err = np.abs(actual - expected).max(initial=0.0)
+    bound = tol * (1.0 + np.abs(expected).max(initial=0.0))
+    assert err <= bound, f"{name}: max err {err:.3g} > {bound:.3g}"
+
+
+OPTIONS = [dict(), dict(causal=True), dict(window=(9, 3)), dict(causal=True, softcap=2.0),
+           dict(softmax_scale=0.3, window=(-1, 5))]
+OPTION_IDS = ["full", "causal", "window", "causal-softcap", "scale-window"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_jit_forward_and_grad_match_oracle(dtype, options, seed):
+    case = random_case(seed + 10 * OPTIONS.index(options))
+    q, k, v, dout = inputs(case, dtype, seed)
+    qj, kj, vj, doj = (jnp.asarray(x, dtype=dtype) for x in (q, k, v, dout))
+
+    def loss(q, k, v):
+        out = fj.attention(q, k, v, **options)
+        return (out.astype(jnp.float32) * doj.astype(jnp.float32)).sum()
+
+    out, lse = jax.jit(lambda q, k, v: fj.attention(q, k, v, return_lse=True, **options))(
+        qj, kj, vj)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qj, kj, vj)
+
+    scale = options.get("softmax_scale")
+    oracle = dict(options, scale=scale)
+    oracle.pop("softmax_scale", None)
+    expected_out, expected_lse = ref.forward(q, k, v, **oracle)
+    assert out.dtype == dtype and lse.dtype == jnp.float32
+    assert_close(out, expected_out, TOL[dtype][0], f"out {case}")
+    lse = np.asarray(lse, dtype=np.float64)
+    finite = np.isfinite(expected_lse)
+    np.testing.assert_array_equal(np.isfinite(lse), finite)
+    assert np.abs(lse[finite] - expected_lse[finite]).max(initial=0.0) <= LSE_TOL
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, ref.backward(dout, q, k, v, **oracle)):
+        assert grad.dtype == dtype
+        assert_close(grad, want, TOL[dtype][1], f"{name} {case}")
+
+
+def test_vmap_folds_mapped_dimensions_into_the_batch(rng):
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((3, 2, 19, 4, 32), (3, 2, 23, 2, 32), (3, 2, 23, 2, 32)))
+    out = jax.jit(jax.vmap(lambda q, k, v: fj.attention(q, k, v, causal=True)))(q, k, v)
+    flat = flashcpp.attention(q.reshape(6, 19, 4, 32), k.reshape(6, 23, 2, 32),
+                              v.reshape(6, 23, 2, 32), causal=True)
+    np.testing.assert_array_equal(np.asarray(out).reshape(flat.shape), flat)
+    # Only q mapped: k and v are broadcast over the mapped dimension.
+    out_q = jax.vmap(lambda q: fj.attention(q, k[1], v[1]))(q)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(out_q[i]), flashcpp.attention(q[i], k[1], v[1]))
+    grads = jax.vmap(jax.grad(lambda q, k, v: fj.attention(q, k, v).sum(), argnums=(0, 1, 2)))(
+        q, k, v)
+    for i in range(3):
+        dout = np.ones((2, 19, 4, 32), np.float32)
+        o, lse = flashcpp.attention(q[i], k[i], v[i], return_lse=True)
+        for got, want in zip(grads, flashcpp.attention_backward(dout, q[i], k[i], v[i], o, lse)):
+            np.testing.assert_array_equal(np.asarray(got[i]), want)
+
+
+def test_flashcpp_attention_hands_tracers_to_flashcpp_jax(rng):
+    q, k, v = (rng.standard_normal((2, 17, 2, 64)).astype(np.float32) for _ in range(3))
+    out = jax.jit(lambda q, k, v: flashcpp.attention(q, k, v, causal=True))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(out), flashcpp.attention(q, k, v, causal=True))
+    dq = jax.grad(lambda q: flashcpp.attention(q, k, v).sum())(jnp.asarray(q))
+    assert dq.shape == q.shape
+    with pytest.raises(NotImplementedError, match="attention_varlen"):
+        jax.jit(lambda q: flashcpp.attention_varlen(
+            q[0], k[0], v[0], np.array([0, 17], np.int32), np.array([0, 17], np.int32), 17, 17))(q)
+    with pytest.raises(ValueError, match="JAX tracing"):
+        jax.jit(lambda q: flashcpp.attention(q, k, v, num_splits=2))(q)
+
+
+def test_lse_is_returned_without_gradient(rng):
+    q, k, v = (rng.standard_normal((1, 9, 2, 32)).astype(np.float32) for _ in range(3))
+    dq = jax.grad(lambda q: fj.attention(q, k, v, return_lse=True)[1].sum())(jnp.asarray(q))
+    np.testing.assert_array_equal(np.asarray(dq), 0.0)
+
+
+def test_eager_call_and_backend_option(rng):
+    q, k, v = (rng.standard_normal((1, 33, 2, 64)).astype(np.float32) for _ in range(3))
+    fast = fj.attention(q, k, v, causal=True)  # outside jit: one compiled custom call
+    exact = fj.attention(q, k, v, causal=True, backend="cpu_reference")
+    expected, _ = ref.forward(q, k, v, causal=True)
+    assert_close(fast, expected, TOL["float32"][0], "out (cpu)")
+    assert_close(exact, expected, 1e-6, "out (cpu_reference)")
+    det = jax.jit(jax.grad(lambda q: fj.attention(q, k, v, deterministic=True).sum()))
+    np.testing.assert_array_equal(np.asarray(det(q)), np.asarray(det(q)))
+
+
+def test_bad_inputs_are_named(rng):
+    q = rng.standard_normal((2, 17, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 19, 2, 64)).astype(np.float32)
+    with pytest.raises(flashcpp.Error, match="q: expected 4 dimensions"):
+        fj.attention(q[0], k, k)
+    with pytest.raises(flashcpp.Error, match="v: dtype float16 differs"):
+        fj.attention(q, k, k.astype(np.float16))
+    with pytest.raises(TypeError, match="q: dtype int32 is not supported"):
+        fj.attention(q.astype(np.int32), k, k)
+    with pytest.raises(flashcpp.Error, match="backend: expected one of"):
+        fj.attention(q, k, k, backend="tpu")
+    with pytest.raises(TypeError, match="window"):
+        fj.attention(q, k, k, window=3)
+    # Checked where the call runs (the library's validation): an error naming the argument.
+    with pytest.raises(Exception, match="v: expected keys 19"):
+        jax.jit(fj.attention)(q, k, k[:, :11]).block_until_ready()
+    with pytest.raises(Exception, match="head dim 60 is not supported"):
+        fj.attention(q[..., :60], k[..., :60], k[..., :60]).block_until_ready()
+
+
+def test_missing_handlers_error_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(flashcpp._C, "has_xla_ffi", False, raising=False)
+    with pytest.raises(RuntimeError, match="no XLA FFI handlers.*FLASHCPP_XLA_FFI_INCLUDE_DIR"):
+        fj.attention(np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32),
+                     np.zeros((1, 1, 1, 8), np.float32))
+
+
+# ---- CUDA (the GPU machine) --------------------------------------------------------------
+
+
+def jax_gpu():
+    for platform in ("cuda", "gpu"):
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError:
+            continue
+        if devices:
+            return devices[0]
+    return None
+
+
+needs_cuda = pytest.mark.skipif(
+    not flashcpp.cuda_available() or jax_gpu() is None,
+    reason="needs a CUDA GPU that flashcpp and JAX both see")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_cuda_jit_forward_and_grad_match_oracle(dtype, options):
+    case = (2, 113, 203, 4, 2, 128)  # 128: the head dim every CUDA build has
+    q, k, v, dout = inputs(case, dtype, seed=5)
+    device = jax_gpu()
+    qj, kj, vj, doj = (jax.device_put(jnp.asarray(x, dtype=dtype), device)
+                       for x in (q, k, v, dout))
+
+    def loss(q, k, v):
+        return (fj.attention(q, k, v, **options).astype(jnp.float32) * doj).sum()
+
+    out = jax.jit(lambda q, k, v: fj.attention(q, k, v, **options))(qj, kj, vj)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qj, kj, vj)
+    assert list(out.devices())[0].platform == "gpu"
+    oracle = dict(options, scale=options.get("softmax_scale"))
+    oracle.pop("softmax_scale", None)
+    expected_out, _ = ref.forward(q, k, v, **oracle)
+    assert_close(out, expected_out, TOL[dtype][0], "out")
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, ref.backward(dout, q, k, v, **oracle)):
+        assert_close(grad, want, 2 * TOL[dtype][1], name)  # fp32 atomics of dq: a bit more
