@@ -11,6 +11,7 @@ jax = pytest.importorskip("jax", reason="JAX is not installed")
 jnp = jax.numpy
 
 import flashcpp  # noqa: E402
+import flashcpp.compat  # noqa: E402
 import flashcpp.jax as fj  # noqa: E402
 import _reference as ref  # noqa: E402
 
@@ -116,6 +117,9 @@ def test_flashcpp_attention_hands_tracers_to_flashcpp_jax(rng):
     np.testing.assert_array_equal(np.asarray(out), flashcpp.attention(q, k, v, causal=True))
     dq = jax.grad(lambda q: flashcpp.attention(q, k, v).sum())(jnp.asarray(q))
     assert dq.shape == q.shape
+    out_fa = jax.jit(lambda q, k, v: flashcpp.compat.flash_attn_func(q, k, v, causal=True))(
+        q, k, v)
+    np.testing.assert_array_equal(np.asarray(out_fa), np.asarray(out))
     with pytest.raises(NotImplementedError, match="attention_varlen"):
         jax.jit(lambda q: flashcpp.attention_varlen(
             q[0], k[0], v[0], np.array([0, 17], np.int32), np.array([0, 17], np.int32), 17, 17))(q)
