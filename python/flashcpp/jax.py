@@ -27,6 +27,8 @@ _ffi = getattr(jax, "ffi", None) or jax.extend.ffi  # jax.ffi from jax 0.4.38 on
 
 _FORWARD = "flashcpp_attention_forward"
 _BACKWARD = "flashcpp_attention_backward"
+_VARLEN_FORWARD = "flashcpp_attention_varlen_forward"
+_VARLEN_BACKWARD = "flashcpp_attention_varlen_backward"
 _DTYPES = ("float32", "float16", "bfloat16")
 _BACKENDS = ("auto", "automatic", "cpu", "cpu_reference", "cuda_sm80", "cuda_sm90")
 
@@ -69,21 +71,21 @@ def _cuda_device() -> Optional[int]:
     return None
 
 
-def _workspace_bytes(for_backward: bool, q, k, v, options: dict) -> int:
+def _workspace_bytes(for_backward: bool, q, k, v, options: dict, varlen: Tuple = ()) -> int:
     """Scratch bytes of the call if it runs on CUDA; 0 where it cannot (the CPU needs none).
 
     Traced shapes carry no platform, so a CUDA-capable process sizes every call for CUDA (an
     unused buffer on the CPU). The size is asked for device 0: it depends on the device only
     through the forward's KV-split heuristic, and a forward whose workspace is too small for
     the split it wants runs unsplit (same result); the backward's size is the same on every
-    device."""
+    device. varlen: (batch, max_seqlen_q, max_seqlen_k) of a varlen call."""
     device = _cuda_device()
     if device is None or options["backend"] in ("cpu", "cpu_reference"):
         return 0
     try:
         return int(_C.xla_workspace_size(for_backward, q.dtype.name, q.shape, k.shape, v.shape,
-                                          device, **options))
-    except (_native.Error, TypeError):
+                                          device, *varlen, **options))
+    except _native.Error:
         return 0  # the call itself reports what is wrong with it, where it runs
 
 
@@ -154,12 +156,12 @@ def _attention_bwd(options, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _check_inputs(q, k, v) -> None:
+def _check_inputs(q, k, v, rank: int = 4, layout: str = "[B, N, H, D]") -> None:
     """What the traced output shapes need; the handlers' call validates the rest (batch, heads,
     head dims, the backend's limits) and raises with flashcpp's message."""
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        if x.ndim != 4:
-            raise _native.Error(f"{name}: expected 4 dimensions [B, N, H, D], got shape "
+        if x.ndim != rank:
+            raise _native.Error(f"{name}: expected {rank} dimensions {layout}, got shape "
                                 f"{tuple(x.shape)}")
         if x.dtype.name not in _DTYPES:
             raise TypeError(f"{name}: dtype {x.dtype.name} is not supported (supported: "
@@ -195,12 +197,102 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     return out
 
 
-def attention_varlen(*args, **kwargs):
-    """Not offered for JAX yet: varlen (packed) attention runs on concrete arrays only."""
-    raise NotImplementedError(
-        "flashcpp.jax: attention_varlen is not available under jax.jit / jax.grad / jax.vmap "
-        "yet; pad the batch and use attention(), or call flashcpp.attention_varlen on "
-        "concrete arrays")
+# ---- varlen ----------------------------------------------------------------------------------
+# The library leaves rows past cu_seqlens[B] unwritten on CUDA (docs/semantics.md: out and the
+# gradients 0 there, lse -inf), so the calls take zero-filled (-inf) initial outputs aliased to
+# their results. vmap runs the call once per mapped element ("sequential"): the offsets of
+# different elements cannot share one batch.
+def _varlen_forward_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         options: dict):
+    total_q, heads, _ = q.shape
+    shape = (int(cu_seqlens_q.shape[0]) - 1, max_seqlen_q, max_seqlen_k)
+    results = (
+        jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),   # out
+        jax.ShapeDtypeStruct((heads, total_q), jnp.float32),          # lse
+        _workspace(_workspace_bytes(False, q, k, v, options, shape)),
+    )
+    call = _ffi.ffi_call(_VARLEN_FORWARD, results, vmap_method="sequential",
+                         input_output_aliases={5: 0, 6: 1})
+    out, lse, _ = call(q, k, v, cu_seqlens_q, cu_seqlens_k, jnp.zeros(results[0].shape, q.dtype),
+                       jnp.full(results[1].shape, -jnp.inf, jnp.float32),
+                       **_varlen_attributes(options, max_seqlen_q, max_seqlen_k))
+    return out, lse
+
+
+def _varlen_attributes(options: dict, max_seqlen_q: int, max_seqlen_k: int) -> dict:
+    return dict(_ffi_attributes(options), max_seqlen_q=np.int32(max_seqlen_q),
+                max_seqlen_k=np.int32(max_seqlen_k))
+
+
+# lengths: (max_seqlen_q, max_seqlen_k); options as in _attention.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths: Tuple, options: Tuple):
+    return _varlen_forward_call(q, k, v, cu_seqlens_q, cu_seqlens_k, *lengths, dict(options))
+
+
+def _attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, options):
+    out, lse = _varlen_forward_call(q, k, v, cu_seqlens_q, cu_seqlens_k, *lengths,
+                                    dict(options))
+    return (out, lse), (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
+
+
+def _attention_varlen_bwd(lengths, options, residuals, cotangents):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = residuals
+    dout, _ = cotangents  # lse leaves through stop_gradient, as in attention()
+    options = dict(options)
+    shape = (int(cu_seqlens_q.shape[0]) - 1,) + tuple(lengths)
+    results = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        _workspace(_workspace_bytes(True, q, k, v, options, shape)),
+    )
+    call = _ffi.ffi_call(_VARLEN_BACKWARD, results, vmap_method="sequential",
+                         input_output_aliases={8: 0, 9: 1, 10: 2})
+    dq, dk, dv, _ = call(dout.astype(q.dtype), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                         jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
+                         **_varlen_attributes(options, *lengths))
+    return dq, dk, dv, None, None  # the offsets are integers: no gradient
+
+
+_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     *, causal: bool = False, softmax_scale: Optional[float] = None,
+                     window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
+                     deterministic: bool = False):
+    """flashcpp.attention_varlen() for JAX (jit, grad; vmap runs one call per element).
+
+    q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv]; cu_seqlens_q/k int32 [B + 1] (traced
+    arrays are fine); max_seqlen_q/k Python ints bounding the lengths (static under jit).
+    lse is [Hq, total_q]. Rows past cu_seqlens[B] get out 0 and lse -inf. Other arguments as
+    in attention().
+    """
+    _require_handlers()
+    options = _native.options(causal, softmax_scale, window, softcap, backend, num_splits,
+                              deterministic)
+    if backend not in _BACKENDS:
+        raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
+                            f"cuda_sm90, got {backend!r}")
+    lengths = (_native.int32(max_seqlen_q, "max_seqlen_q"),
+               _native.int32(max_seqlen_k, "max_seqlen_k"))
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    _check_inputs(q, k, v, 3, "[total, H, D]")
+    cu_seqlens_q, cu_seqlens_k = (jnp.asarray(c) for c in (cu_seqlens_q, cu_seqlens_k))
+    for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if cu.ndim != 1 or cu.dtype != jnp.int32:
+            raise _native.Error(f"{name}: expected int32 [B + 1], got {cu.dtype.name} "
+                                f"{tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise _native.Error(f"cu_seqlens_k: expected {tuple(cu_seqlens_q.shape)} entries (same "
+                            f"as cu_seqlens_q), got {tuple(cu_seqlens_k.shape)}")
+    out, lse = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths,
+                                 tuple(options.items()))
+    if return_lse:
+        return out, jax.lax.stop_gradient(lse)
+    return out
 
 
 def attention_with_kvcache(*args, **kwargs):

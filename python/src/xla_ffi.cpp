@@ -1,5 +1,6 @@
 // The JAX binding's native half: XLA FFI handlers for the forward (out, lse) and the backward
-// (dq, dk, dv), on XLA's CPU platform and, in a CUDA build, its CUDA platform.
+// (dq, dk, dv), padded and varlen, on XLA's CPU platform and, in a CUDA build, its CUDA
+// platform.
 //
 // XLA hands a handler dense row-major buffers, its stream (CUDA) and the attributes that
 // flashcpp/jax.py put into the call; the handler views the buffers as flashcpp::TensorView and
@@ -8,6 +9,7 @@
 // allocates nothing and never waits for the device.
 #include "xla_ffi.hpp"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -49,8 +51,36 @@ struct AttentionAttrs {
   bool deterministic;
 };
 
+// A varlen call's attributes: the same options and the bounds of the sequence lengths.
+struct VarlenAttrs {
+  bool causal;
+  bool has_softmax_scale;
+  float softmax_scale;
+  std::int32_t window_left;
+  std::int32_t window_right;
+  float softcap;
+  std::string_view backend;
+  std::int32_t num_splits;
+  bool deterministic;
+  std::int32_t max_seqlen_q;
+  std::int32_t max_seqlen_k;
+};
+
 }  // namespace
 }  // namespace flashcpp_python
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    flashcpp_python::VarlenAttrs, ::xla::ffi::StructMember<bool>("causal"),
+    ::xla::ffi::StructMember<bool>("has_softmax_scale"),
+    ::xla::ffi::StructMember<float>("softmax_scale"),
+    ::xla::ffi::StructMember<std::int32_t>("window_left"),
+    ::xla::ffi::StructMember<std::int32_t>("window_right"),
+    ::xla::ffi::StructMember<float>("softcap"),
+    ::xla::ffi::StructMember<std::string_view>("backend"),
+    ::xla::ffi::StructMember<std::int32_t>("num_splits"),
+    ::xla::ffi::StructMember<bool>("deterministic"),
+    ::xla::ffi::StructMember<std::int32_t>("max_seqlen_q"),
+    ::xla::ffi::StructMember<std::int32_t>("max_seqlen_k"));
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     flashcpp_python::AttentionAttrs, ::xla::ffi::StructMember<bool>("causal"),
@@ -66,7 +96,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
 namespace flashcpp_python {
 namespace {
 
-flashcpp::AttentionOptions options_of(const AttentionAttrs& a) {
+template <class Attrs>
+flashcpp::AttentionOptions options_of(const Attrs& a) {
   return make_options(a.causal,
                       a.has_softmax_scale ? std::optional<float>(a.softmax_scale) : std::nullopt,
                       a.window_left, a.window_right, a.softcap, a.backend, a.num_splits,
@@ -78,10 +109,12 @@ DType dtype_of(ffi::DataType type, const char* name) {
     case ffi::DataType::F32: return DType::fp32;
     case ffi::DataType::F16: return DType::fp16;
     case ffi::DataType::BF16: return DType::bf16;
+    case ffi::DataType::S32: return DType::int32;  // cu_seqlens (the library checks roles)
     default:
       throw flashcpp::Error(std::string(name) + ": XLA element type " +
                             std::to_string(static_cast<int>(type)) +
-                            " is not supported (supported: float32, float16, bfloat16)");
+                            " is not supported (supported: float32, float16, bfloat16; int32 "
+                            "for cu_seqlens)");
   }
 }
 
@@ -163,6 +196,42 @@ ffi::Error backward(Place place, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::Any
   });
 }
 
+// Varlen: out, lse, dq, dk, dv arrive zero-filled (lse -inf) through input/output aliasing, as
+// the library leaves the rows past cu_seqlens[B] unwritten on CUDA (docs/semantics.md).
+ffi::Error forward_varlen(Place place, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                          ffi::Result<ffi::AnyBuffer> workspace, const VarlenAttrs& attrs) {
+  return guarded([&] {
+    const flashcpp::Device d = place.device;
+    const TensorView lse_view = view_of(*lse, 2, "lse", d);
+    flashcpp::forward_varlen(view_of(q, 3, "q", d), view_of(k, 3, "k", d), view_of(v, 3, "v", d),
+                             view_of(*out, 3, "out", d), &lse_view,
+                             view_of(cu_seqlens_q, 1, "cu_seqlens_q", d),
+                             view_of(cu_seqlens_k, 1, "cu_seqlens_k", d), attrs.max_seqlen_q,
+                             attrs.max_seqlen_k, options_of(attrs), place.stream,
+                             workspace_of(*workspace));
+  });
+}
+
+ffi::Error backward_varlen(Place place, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                           ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace,
+                           const VarlenAttrs& attrs) {
+  return guarded([&] {
+    const flashcpp::Device d = place.device;
+    flashcpp::backward_varlen(
+        view_of(q, 3, "q", d), view_of(k, 3, "k", d), view_of(v, 3, "v", d),
+        view_of(out, 3, "out", d), view_of(dout, 3, "dout", d), view_of(lse, 2, "lse", d),
+        view_of(*dq, 3, "dq", d), view_of(*dk, 3, "dk", d), view_of(*dv, 3, "dv", d),
+        view_of(cu_seqlens_q, 1, "cu_seqlens_q", d), view_of(cu_seqlens_k, 1, "cu_seqlens_k", d),
+        attrs.max_seqlen_q, attrs.max_seqlen_k, options_of(attrs), place.stream,
+        workspace_of(*workspace));
+  });
+}
+
 // Bindings: arguments and results in the order jax.py passes them, then the attributes.
 auto forward_binding() {
   return ffi::Ffi::Bind()
@@ -190,6 +259,42 @@ auto backward_binding() {
       .Attrs<AttentionAttrs>();
 }
 
+// Varlen: the zero-filled initial outputs are arguments too (aliased to the results).
+auto forward_varlen_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()  // q
+      .Arg<ffi::AnyBuffer>()  // k
+      .Arg<ffi::AnyBuffer>()  // v
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
+      .Arg<ffi::AnyBuffer>()  // out's zeros (aliased to out)
+      .Arg<ffi::AnyBuffer>()  // lse's -inf (aliased to lse)
+      .Ret<ffi::AnyBuffer>()  // out
+      .Ret<ffi::AnyBuffer>()  // lse
+      .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .Attrs<VarlenAttrs>();
+}
+
+auto backward_varlen_binding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()  // dout
+      .Arg<ffi::AnyBuffer>()  // q
+      .Arg<ffi::AnyBuffer>()  // k
+      .Arg<ffi::AnyBuffer>()  // v
+      .Arg<ffi::AnyBuffer>()  // out
+      .Arg<ffi::AnyBuffer>()  // lse
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
+      .Arg<ffi::AnyBuffer>()  // dq's zeros (aliased to dq)
+      .Arg<ffi::AnyBuffer>()  // dk's zeros
+      .Arg<ffi::AnyBuffer>()  // dv's zeros
+      .Ret<ffi::AnyBuffer>()  // dq
+      .Ret<ffi::AnyBuffer>()  // dk
+      .Ret<ffi::AnyBuffer>()  // dv
+      .Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .Attrs<VarlenAttrs>();
+}
+
 constexpr Place kHost{flashcpp::Device::cpu(), nullptr};
 
 XLA_FFI_DEFINE_HANDLER(forward_cpu,
@@ -209,6 +314,28 @@ XLA_FFI_DEFINE_HANDLER(backward_cpu,
                          return backward(kHost, dout, q, k, v, out, lse, dq, dk, dv, ws, attrs);
                        }),
                        backward_binding());
+
+XLA_FFI_DEFINE_HANDLER(forward_varlen_cpu,
+                       ([](ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k, ffi::AnyBuffer,
+                           ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> ws,
+                           VarlenAttrs attrs) {
+                         return forward_varlen(kHost, q, k, v, cu_q, cu_k, out, lse, ws, attrs);
+                       }),
+                       forward_varlen_binding());
+
+XLA_FFI_DEFINE_HANDLER(backward_varlen_cpu,
+                       ([](ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                           ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k, ffi::AnyBuffer,
+                           ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::AnyBuffer> ws, VarlenAttrs attrs) {
+                         return backward_varlen(kHost, dout, q, k, v, out, lse, cu_q, cu_k, dq,
+                                                dk, dv, ws, attrs);
+                       }),
+                       backward_varlen_binding());
 
 #ifdef FLASHCPP_PY_WITH_CUDART
 // The CUDA device that holds a buffer XLA passed (the device of the call): a host-side query,
@@ -264,6 +391,59 @@ XLA_FFI_DEFINE_HANDLER(backward_cuda,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attrs<AttentionAttrs>());
+XLA_FFI_DEFINE_HANDLER(forward_varlen_cuda,
+                       ([](flashcpp::Stream stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k,
+                           ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> ws,
+                           VarlenAttrs attrs) {
+                         const Place place{device_holding(q.untyped_data()), stream};
+                         return forward_varlen(place, q, k, v, cu_q, cu_k, out, lse, ws, attrs);
+                       }),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<flashcpp::Stream>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attrs<VarlenAttrs>());
+
+XLA_FFI_DEFINE_HANDLER(backward_varlen_cuda,
+                       ([](flashcpp::Stream stream, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                           ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
+                           ffi::AnyBuffer lse, ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k,
+                           ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> ws,
+                           VarlenAttrs attrs) {
+                         const Place place{device_holding(q.untyped_data()), stream};
+                         return backward_varlen(place, dout, q, k, v, out, lse, cu_q, cu_k, dq,
+                                                dk, dv, ws, attrs);
+                       }),
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<flashcpp::Stream>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attrs<VarlenAttrs>());
 #endif
 
 nb::capsule capsule_of(XLA_FFI_Handler* handler) {
@@ -282,16 +462,16 @@ DType dtype_named(const std::string& name) {
 // no data, so the pointer only has to be non-null and aligned.
 TensorView stand_in_view(DType dtype, const std::vector<std::int64_t>& shape, int device,
                          const char* name) {
-  if (shape.size() != 4)
-    throw flashcpp::Error(std::string(name) + ": expected 4 dimensions, got " +
+  if (shape.empty() || shape.size() > static_cast<std::size_t>(TensorView::kMaxRank))
+    throw flashcpp::Error(std::string(name) + ": expected 1 to 4 dimensions, got " +
                           std::to_string(shape.size()));
   TensorView view;
   view.data = reinterpret_cast<void*>(std::uintptr_t{256});
   view.dtype = dtype;
   view.device = flashcpp::Device::cuda(device);
-  view.rank = 4;
+  view.rank = static_cast<int>(shape.size());
   std::int64_t stride = 1;
-  for (int d = 3; d >= 0; --d) {
+  for (int d = view.rank - 1; d >= 0; --d) {
     view.shape[d] = shape[d];
     view.stride[d] = stride;
     stride *= shape[d];
@@ -302,7 +482,8 @@ TensorView stand_in_view(DType dtype, const std::vector<std::int64_t>& shape, in
 std::size_t xla_workspace_size(bool for_backward, const std::string& dtype,
                                const std::vector<std::int64_t>& q_shape,
                                const std::vector<std::int64_t>& k_shape,
-                               const std::vector<std::int64_t>& v_shape, int device, bool causal,
+                               const std::vector<std::int64_t>& v_shape, int device,
+                               std::int64_t batch, int max_seqlen_q, int max_seqlen_k, bool causal,
                                std::optional<float> softmax_scale, int window_left,
                                int window_right, float softcap, const std::string& backend,
                                int num_splits, bool deterministic) {
@@ -313,8 +494,16 @@ std::size_t xla_workspace_size(bool for_backward, const std::string& dtype,
   const TensorView q = stand_in_view(type, q_shape, device, "q");
   const TensorView k = stand_in_view(type, k_shape, device, "k");
   const TensorView v = stand_in_view(type, v_shape, device, "v");
-  return for_backward ? flashcpp::backward_workspace_size(q, k, v, options)
-                      : flashcpp::forward_workspace_size(q, k, v, options);
+  if (batch < 0)
+    return for_backward ? flashcpp::backward_workspace_size(q, k, v, options)
+                        : flashcpp::forward_workspace_size(q, k, v, options);
+  const TensorView cu_q = stand_in_view(DType::int32, {batch + 1}, device, "cu_seqlens_q");
+  const TensorView cu_k = stand_in_view(DType::int32, {batch + 1}, device, "cu_seqlens_k");
+  return for_backward
+             ? flashcpp::backward_varlen_workspace_size(q, k, v, cu_q, cu_k, max_seqlen_q,
+                                                        max_seqlen_k, options)
+             : flashcpp::forward_varlen_workspace_size(q, k, v, cu_q, cu_k, max_seqlen_q,
+                                                       max_seqlen_k, options);
 }
 
 }  // namespace
@@ -330,18 +519,29 @@ void define_xla_ffi(nb::module_& m) {
         forward_platforms["CUDA"] = capsule_of(forward_cuda);
         backward_platforms["CUDA"] = capsule_of(backward_cuda);
 #endif
+        nb::dict varlen_forward_platforms, varlen_backward_platforms;
+        varlen_forward_platforms["cpu"] = capsule_of(forward_varlen_cpu);
+        varlen_backward_platforms["cpu"] = capsule_of(backward_varlen_cpu);
+#ifdef FLASHCPP_PY_WITH_CUDART
+        varlen_forward_platforms["CUDA"] = capsule_of(forward_varlen_cuda);
+        varlen_backward_platforms["CUDA"] = capsule_of(backward_varlen_cuda);
+#endif
         targets["flashcpp_attention_forward"] = forward_platforms;
         targets["flashcpp_attention_backward"] = backward_platforms;
+        targets["flashcpp_attention_varlen_forward"] = varlen_forward_platforms;
+        targets["flashcpp_attention_varlen_backward"] = varlen_backward_platforms;
         return targets;
       },
       "{XLA FFI target name: {platform: handler capsule}} for jax.ffi.register_ffi_target.");
   m.def("xla_workspace_size", &xla_workspace_size, nb::arg("for_backward"), nb::arg("dtype"),
         nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"), nb::arg("device"),
+        nb::arg("batch") = -1, nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         nb::kw_only(), nb::arg("causal") = false, nb::arg("softmax_scale") = nb::none(),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
         nb::arg("backend") = "auto", nb::arg("num_splits") = 0,
         nb::arg("deterministic") = false,
-        "Scratch bytes of the CUDA call on CUDA device `device` with these dense shapes.");
+        "Scratch bytes of the CUDA call on CUDA device `device` with these dense shapes; a "
+        "varlen call gives its batch (the sequences) and max_seqlen_q/k.");
 }
 
 }  // namespace flashcpp_python

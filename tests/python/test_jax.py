@@ -91,6 +91,62 @@ def test_jit_forward_and_grad_match_oracle(dtype, options, seed):
         assert_close(grad, want, TOL[dtype][1], f"{name} {case}")
 
 
+def packed_case(seed, dtype):
+    """Packed sequences of random lengths (some empty) plus 3 rows past cu_seqlens_q[B]."""
+    rng = np.random.default_rng(seed)
+    b, hkv = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+    hq, d = hkv * int(rng.integers(1, 3)), int(rng.choice([32, 64]))
+    lq, lk = rng.integers(0, 60, b), rng.integers(0, 90, b)
+
+    def rows(n, h):
+        return np.asarray(jnp.asarray(rng.standard_normal((n, h, d)), dtype=dtype)
+                          .astype(jnp.float32))
+
+    q, cu_q = ref.pack([rows(int(n), hq) for n in lq])
+    k, cu_k = ref.pack([rows(int(n), hkv) for n in lk])
+    v, _ = ref.pack([rows(int(n), hkv) for n in lk])
+    q = np.concatenate([q, rows(3, hq)])
+    return q, k, v, rows(len(q), hq), cu_q, cu_k, int(lq.max()), int(lk.max())
+
+
+def varlen_oracle(dout, q, k, v, cu_q, cu_k, options):
+    """ref.forward/backward per sequence; rows past cu_q[B] stay out 0, lse -inf, dq 0."""
+    out, lse = np.zeros(q.shape), np.full((q.shape[1], q.shape[0]), -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(len(cu_q) - 1):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        o, s = ref.forward(q[None, sq], k[None, sk], v[None, sk], **options)
+        out[sq], lse[:, sq] = o[0], s[0]
+        grads = ref.backward(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], **options)
+        dq[sq], dk[sk], dv[sk] = (g[0] for g in grads)
+    return out, lse, (dq, dk, dv)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("options", OPTIONS[:4], ids=OPTION_IDS[:4])
+def test_jit_varlen_forward_and_grad_match_oracle(dtype, options):
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = packed_case(OPTIONS.index(options) + 3, dtype)
+    qj, kj, vj, doj = (jnp.asarray(x, dtype=dtype) for x in (q, k, v, dout))
+
+    def run(q, k, v, **extra):
+        return fj.attention_varlen(q, k, v, jnp.asarray(cu_q), jnp.asarray(cu_k), max_q, max_k,
+                                   **options, **extra)
+
+    out, lse = jax.jit(lambda q, k, v: run(q, k, v, return_lse=True))(qj, kj, vj)
+    grads = jax.jit(jax.grad(
+        lambda q, k, v: (run(q, k, v).astype(jnp.float32) * doj.astype(jnp.float32)).sum(),
+        argnums=(0, 1, 2)))(qj, kj, vj)
+    expected_out, expected_lse, expected_grads = varlen_oracle(dout, q, k, v, cu_q, cu_k,
+                                                               options)
+    assert_close(out, expected_out, TOL[dtype][0], "out")
+    lse = np.asarray(lse, dtype=np.float64)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(expected_lse))
+    finite = np.isfinite(expected_lse)
+    assert np.abs(lse[finite] - expected_lse[finite]).max(initial=0.0) <= LSE_TOL
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, expected_grads):
+        assert_close(grad, want, TOL[dtype][1], name)
+
+
 def test_vmap_folds_mapped_dimensions_into_the_batch(rng):
     q, k, v = (rng.standard_normal(s).astype(np.float32)
                for s in ((3, 2, 19, 4, 32), (3, 2, 23, 2, 32), (3, 2, 23, 2, 32)))
@@ -120,9 +176,12 @@ def test_flashcpp_attention_hands_tracers_to_flashcpp_jax(rng):
     out_fa = jax.jit(lambda q, k, v: flashcpp.compat.flash_attn_func(q, k, v, causal=True))(
         q, k, v)
     np.testing.assert_array_equal(np.asarray(out_fa), np.asarray(out))
-    with pytest.raises(NotImplementedError, match="attention_varlen"):
-        jax.jit(lambda q: flashcpp.attention_varlen(
-            q[0], k[0], v[0], np.array([0, 17], np.int32), np.array([0, 17], np.int32), 17, 17))(q)
+    cu = np.array([0, 17], np.int32)
+    out_varlen = jax.jit(lambda q: flashcpp.attention_varlen(q[0], k[0], v[0], cu, cu, 17, 17,
+                                                             causal=True))(q)
+    np.testing.assert_array_equal(np.asarray(out_varlen), np.asarray(out)[0])
+    with pytest.raises(NotImplementedError, match="attention_with_kvcache"):
+        jax.jit(lambda q: flashcpp.attention_with_kvcache(q, k, v))(q)
     with pytest.raises(ValueError, match="JAX tracing"):
         jax.jit(lambda q: flashcpp.attention(q, k, v, num_splits=2))(q)
 
@@ -162,6 +221,30 @@ def test_bad_inputs_are_named(rng):
         jax.jit(fj.attention)(q, k, k[:, :11]).block_until_ready()
     with pytest.raises(Exception, match="head dim 60 is not supported"):
         fj.attention(q[..., :60], k[..., :60], k[..., :60]).block_until_ready()
+    cu = np.array([0, 17], np.int32)
+    with pytest.raises(flashcpp.Error, match="cu_seqlens_k: expected int32"):
+        fj.attention_varlen(q[0], k[0], k[0], cu, cu.astype(np.float32), 17, 19)
+    with pytest.raises(TypeError, match="max_seqlen_q: expected an int"):
+        fj.attention_varlen(q[0], k[0], k[0], cu, cu, 17.5, 19)
+
+
+def test_workspace_query_at_trace_time():
+    """The CUDA workspace query behind every traced call (run here even in a CPU build, where
+    it must refuse: CUDA calls cannot run)."""
+    shapes = ([2, 128, 4, 128], [2, 128, 2, 128], [2, 128, 2, 128])
+    for for_backward in (False, True):
+        if not flashcpp.built_with_cuda:
+            with pytest.raises(flashcpp.Error, match="built without CUDA"):
+                flashcpp._C.xla_workspace_size(for_backward, "bfloat16", *shapes, 0,
+                                               causal=True, softmax_scale=0.1)
+        elif flashcpp.cuda_available():
+            padded = flashcpp._C.xla_workspace_size(for_backward, "bfloat16", *shapes, 0,
+                                                    causal=True, softmax_scale=0.1)
+            varlen = flashcpp._C.xla_workspace_size(for_backward, "bfloat16",
+                                                    *(s[1:] for s in shapes), 0, 2, 64, 64)
+            assert padded >= 0 and varlen >= 0
+            if for_backward:  # the fp32 dq accumulator at least
+                assert padded >= 2 * 128 * 4 * 128 * 4
 
 
 def test_missing_handlers_error_names_what_is_missing(monkeypatch):
