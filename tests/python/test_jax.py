@@ -295,3 +295,27 @@ def test_cuda_jit_forward_and_grad_match_oracle(dtype, options):
     assert_close(out, expected_out, TOL[dtype][0], "out")
     for name, grad, want in zip(("dq", "dk", "dv"), grads, ref.backward(dout, q, k, v, **oracle)):
         assert_close(grad, want, 2 * TOL[dtype][1], name)  # fp32 atomics of dq: a bit more
+
+
+@needs_cuda
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=OPTION_IDS[:2])
+def test_cuda_jit_varlen_forward_and_grad_match_oracle(options):
+    dtype = "bfloat16"
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = packed_case(7, dtype)
+    pad = 128 - q.shape[-1]  # the head dim every CUDA build has
+    q, k, v, dout = (np.pad(x, ((0, 0), (0, 0), (0, pad))) for x in (q, k, v, dout))
+    device = jax_gpu()
+    qj, kj, vj, doj = (jax.device_put(jnp.asarray(x, dtype=dtype), device)
+                       for x in (q, k, v, dout))
+
+    def run(q, k, v):
+        return fj.attention_varlen(q, k, v, jnp.asarray(cu_q), jnp.asarray(cu_k), max_q, max_k,
+                                   **options)
+
+    out = jax.jit(run)(qj, kj, vj)
+    grads = jax.jit(jax.grad(lambda q, k, v: (run(q, k, v).astype(jnp.float32) * doj).sum(),
+                             argnums=(0, 1, 2)))(qj, kj, vj)
+    expected_out, _, expected_grads = varlen_oracle(dout, q, k, v, cu_q, cu_k, options)
+    assert_close(out, expected_out, TOL[dtype][0], "out")  # tail rows: 0
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, expected_grads):
+        assert_close(grad, want, 2 * TOL[dtype][1], name)
