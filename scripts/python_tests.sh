@@ -12,9 +12,10 @@
 #   FLASHCPP_TORCH_TESTS=1  also pin PyTorch and transformers (CI: .ci/run), so their tests
 #                         run instead of skipping. PyPI's Linux torch wheel brings NVIDIA's
 #                         CUDA libraries (~5.6 GB installed; ~75 s to download and install).
-#   FLASHCPP_JAX_TESTS=1  also pin JAX for the CPU (jax[cpu] from PyPI: jax + jaxlib, ~380 MB
-#                         installed, ~10 s), so flashcpp is built with its XLA FFI handlers
-#                         and the JAX jit/grad tests run (CI: .ci/run).
+#   FLASHCPP_JAX_TESTS=1  also pin JAX for the CPU (jax[cpu] from PyPI: jax, jaxlib, scipy;
+#                         ~520 MB installed; ~30 s to download and install, ~10 s from pip's
+#                         cache), so flashcpp gets its XLA FFI handlers and the JAX jit/grad
+#                         tests run (CI: .ci/run).
 #   extra arguments       passed to pytest (e.g. -k torch -x)
 # Exit status: pytest's (non-zero on any failure); 0 when every test passed or was skipped.
 set -euo pipefail
