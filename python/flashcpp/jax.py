@@ -23,7 +23,10 @@ import numpy as np
 
 from . import _C, _native
 
-_ffi = getattr(jax, "ffi", None) or jax.extend.ffi  # jax.ffi from jax 0.4.38 on
+try:
+    from jax import ffi as _ffi  # jax 0.4.38 and later
+except ImportError:
+    from jax.extend import ffi as _ffi
 
 _FORWARD = "flashcpp_attention_forward"
 _BACKWARD = "flashcpp_attention_backward"
@@ -43,9 +46,10 @@ def _require_handlers() -> None:
     if not available():
         raise RuntimeError(
             "flashcpp.jax: this build of flashcpp has no XLA FFI handlers, which JAX needs under "
-            "jax.jit, jax.grad and jax.vmap (CMake found no jaxlib headers when it was built). "
-            "Rebuild with jax installed: `pip install --no-build-isolation .` in an "
-            "environment that has jax, or pass -C cmake.define.FLASHCPP_XLA_FFI_INCLUDE_DIR="
+            "jax.jit, jax.grad and jax.vmap (CMake found no usable jaxlib headers when it was "
+            "built). Rebuild with them: `FLASHCPP_XLA_FFI=ON pip install .` (a pinned jaxlib "
+            "as a build requirement), `pip install --no-build-isolation .` in an environment "
+            "that has jax, or -C cmake.define.FLASHCPP_XLA_FFI_INCLUDE_DIR="
             "$(python -c 'import jax; print(jax.ffi.include_dir())'). Outside jit, "
             "flashcpp.attention() still takes concrete JAX arrays through DLPack.")
 
