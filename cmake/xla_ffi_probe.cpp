@@ -30,6 +30,8 @@ XLA_FFI_DEFINE_HANDLER(handler,
                            Attrs attrs) {
                          if (in.size_bytes() != out->size_bytes() || !attrs.flag)
                            return ffi::Error::InvalidArgument("probe");
+                         if (in.dimensions()[0] < 0 || in.element_type() != ffi::DataType::S32)
+                           return ffi::Error::Internal("probe");
                          return ffi::Error::Success();
                        }),
                        ffi::Ffi::Bind()
@@ -39,4 +41,7 @@ XLA_FFI_DEFINE_HANDLER(handler,
                            .Attrs<Attrs>());
 }  // namespace probe
 
-int main() { return probe::handler != nullptr ? 0 : 1; }
+int main() {
+  XLA_FFI_Handler* handler = probe::handler;
+  return handler != nullptr ? 0 : 1;
+}
