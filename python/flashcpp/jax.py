@@ -15,6 +15,8 @@ module.
 from __future__ import annotations
 
 import functools
+import os
+import re
 from typing import Any, Optional, Tuple
 
 import jax
@@ -36,13 +38,45 @@ _DTYPES = ("float32", "float16", "bfloat16")
 _BACKENDS = ("auto", "automatic", "cpu", "cpu_reference", "cuda_sm80", "cuda_sm90")
 
 
+def _running_api_version() -> Optional[Tuple[int, int]]:
+    """The XLA FFI API version of the running jaxlib, read from the C API header it ships with
+    itself (None where it ships none)."""
+    try:
+        with open(os.path.join(_ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as header:
+            text = header.read()
+    except (OSError, AttributeError):
+        return None
+    found = [re.search(rf"#define XLA_FFI_API_{part}\s+(\d+)", text)
+             for part in ("MAJOR", "MINOR")]
+    if not all(found):
+        return None
+    return int(found[0].group(1)), int(found[1].group(1))
+
+
+def version_problem(built: Tuple[int, int], running: Optional[Tuple[int, int]]) -> Optional[str]:
+    """Why XLA would refuse handlers built against FFI API `built`, or None: it takes those of
+    its own major version and an older or equal minor one."""
+    if running is None or (built[0] == running[0] and built[1] <= running[1]):
+        return None
+    return (f"flashcpp.jax: flashcpp's XLA FFI handlers were built against XLA FFI API "
+            f"{built[0]}.{built[1]}, newer than this jaxlib's ({jax.__version__}: "
+            f"{running[0]}.{running[1]}), which would refuse them; rebuild flashcpp against "
+            "this jaxlib's headers (pip install --no-build-isolation . here) or upgrade jax")
+
+
+_VERSION_PROBLEM = (version_problem(tuple(_C.xla_ffi_api_version), _running_api_version())
+                    if getattr(_C, "has_xla_ffi", False) else None)
+
+
 def available() -> bool:
-    """True when this build of flashcpp has the XLA FFI handlers (compiled against jaxlib's
-    headers)."""
-    return bool(getattr(_C, "has_xla_ffi", False))
+    """True when this build of flashcpp has XLA FFI handlers (compiled against jaxlib's
+    headers) that the running jaxlib accepts."""
+    return bool(getattr(_C, "has_xla_ffi", False)) and _VERSION_PROBLEM is None
 
 
 def _require_handlers() -> None:
+    if _VERSION_PROBLEM is not None:
+        raise RuntimeError(_VERSION_PROBLEM)
     if not available():
         raise RuntimeError(
             "flashcpp.jax: this build of flashcpp has no XLA FFI handlers, which JAX needs under "

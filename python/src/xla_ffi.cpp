@@ -509,6 +509,9 @@ std::size_t xla_workspace_size(bool for_backward, const std::string& dtype,
 }  // namespace
 
 void define_xla_ffi(nb::module_& m) {
+  // XLA refuses handlers built against a newer FFI API than its own (and then cannot start its
+  // backend at all): jax.py compares this with the running jaxlib's before registering.
+  m.attr("xla_ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   m.def(
       "xla_ffi_targets",
       [] {

@@ -18,7 +18,8 @@ import _reference as ref  # noqa: E402
 # CI builds flashcpp in the venv that has jax, so the handlers must be there; elsewhere a
 # build without them skips (test_missing_handlers_error_names_what_is_missing covers it).
 if not fj.available() and not os.environ.get("CI"):
-    pytest.skip("this flashcpp build has no XLA FFI handlers", allow_module_level=True)
+    pytest.skip(fj._VERSION_PROBLEM or "this flashcpp build has no XLA FFI handlers",
+                allow_module_level=True)
 
 # Error bounds, relative to 1 + max|oracle|. Inputs are rounded to the dtype first and the
 # oracle runs on the rounded values, so what remains is the kernel's own rounding: fp32 as in
@@ -245,6 +246,18 @@ def test_workspace_query_at_trace_time():
             assert padded >= 0 and varlen >= 0
             if for_backward:  # the fp32 dq accumulator at least
                 assert padded >= 2 * 128 * 4 * 128 * 4
+
+
+def test_handlers_newer_than_the_running_jaxlib_are_not_registered():
+    # XLA takes handlers of its own major FFI API version and an older or equal minor one;
+    # registering others would make it fail to start its backend.
+    assert fj.version_problem((0, 1), (0, 3)) is None
+    assert fj.version_problem((0, 3), (0, 3)) is None
+    assert fj.version_problem((0, 1), None) is None  # a jaxlib without headers: not known
+    assert "newer than this jaxlib" in fj.version_problem((0, 3), (0, 1))
+    assert fj.version_problem((1, 0), (0, 3)) is not None
+    assert fj.version_problem((0, 3), (1, 0)) is not None
+    assert fj._running_api_version() is not None  # jaxlib ships its headers (0.4.31 on)
 
 
 def test_missing_handlers_error_names_what_is_missing(monkeypatch):
