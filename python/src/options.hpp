@@ -2,6 +2,7 @@
 // The attention options as the Python layer passes them (backend by name), shared by the
 // DLPack entry points (module.cpp) and the XLA FFI handlers (xla_ffi.cpp).
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "flashcpp/flashcpp.hpp"
