@@ -144,6 +144,42 @@ def _ffi_attributes(options: dict) -> dict:
     )
 
 
+# ---- jax.shard_map ----------------------------------------------------------------------------
+# Inside shard_map an array's type names the mesh axes it varies over (jax >= 0.7: `vma`, later
+# `manual_axis_type`). An FFI call needs all its inputs to agree, and its results vary over
+# nothing of their own: _apply makes inputs and results vary over the axes any input does.
+def _varying_axes(x) -> frozenset:
+    typeof = getattr(jax, "typeof", None)
+    aval = typeof(x) if typeof is not None else None
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", None) or ())
+
+
+def _vary(x, axes: frozenset):
+    missing = tuple(sorted(axes - _varying_axes(x)))
+    if not missing:
+        return x
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is not None:
+        return pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)  # jax 0.7 to 0.9
+
+
+def _same_varying_axes(*arrays):
+    """The arrays, each varying over the axes any of them does: before the custom_vjp, so that
+    JAX sums the gradient of an input that did not vary (the transpose of pcast)."""
+    axes = frozenset().union(*(_varying_axes(a) for a in arrays))
+    return tuple(_vary(a, axes) for a in arrays)
+
+
+def _apply(call, *args, **attributes):
+    axes = frozenset().union(*(_varying_axes(a) for a in args))
+    results = call(*(_vary(a, axes) for a in args), **attributes)
+    return [_vary(r, axes) for r in results]
+
+
 def _workspace(nbytes: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
 
@@ -158,7 +194,7 @@ def _forward_call(q, k, v, options: dict):
         _workspace(_workspace_bytes(False, q, k, v, options)),
     )
     call = _ffi.ffi_call(_FORWARD, results, vmap_method="broadcast_all")
-    out, lse, _ = call(q, k, v, **_ffi_attributes(options))
+    out, lse, _ = _apply(call, q, k, v, **_ffi_attributes(options))
     return out, lse
 
 
@@ -170,7 +206,7 @@ def _backward_call(dout, q, k, v, out, lse, options: dict):
         _workspace(_workspace_bytes(True, q, k, v, options)),
     )
     call = _ffi.ffi_call(_BACKWARD, results, vmap_method="broadcast_all")
-    dq, dk, dv, _ = call(dout, q, k, v, out, lse, **_ffi_attributes(options))
+    dq, dk, dv, _ = _apply(call, dout, q, k, v, out, lse, **_ffi_attributes(options))
     return dq, dk, dv
 
 
@@ -227,7 +263,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     if backend not in _BACKENDS:
         raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
                             f"cuda_sm90, got {backend!r}")
-    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    q, k, v = _same_varying_axes(*(jnp.asarray(x) for x in (q, k, v)))
     _check_inputs(q, k, v)
     out, lse = _attention(q, k, v, tuple(options.items()))
     if return_lse:
@@ -251,9 +287,10 @@ def _varlen_forward_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     )
     call = _ffi.ffi_call(_VARLEN_FORWARD, results, vmap_method="sequential",
                          input_output_aliases={5: 0, 6: 1})
-    out, lse, _ = call(q, k, v, cu_seqlens_q, cu_seqlens_k, jnp.zeros(results[0].shape, q.dtype),
-                       jnp.full(results[1].shape, -jnp.inf, jnp.float32),
-                       **_varlen_attributes(options, max_seqlen_q, max_seqlen_k))
+    out, lse, _ = _apply(call, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                         jnp.zeros(results[0].shape, q.dtype),
+                         jnp.full(results[1].shape, -jnp.inf, jnp.float32),
+                         **_varlen_attributes(options, max_seqlen_q, max_seqlen_k))
     return out, lse
 
 
@@ -287,9 +324,9 @@ def _attention_varlen_bwd(lengths, options, residuals, cotangents):
     )
     call = _ffi.ffi_call(_VARLEN_BACKWARD, results, vmap_method="sequential",
                          input_output_aliases={8: 0, 9: 1, 10: 2})
-    dq, dk, dv, _ = call(dout.astype(q.dtype), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                         jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
-                         **_varlen_attributes(options, *lengths))
+    dq, dk, dv, _ = _apply(call, dout.astype(q.dtype), q, k, v, out, lse, cu_seqlens_q,
+                           cu_seqlens_k, jnp.zeros_like(q), jnp.zeros_like(k),
+                           jnp.zeros_like(v), **_varlen_attributes(options, *lengths))
     return dq, dk, dv, None, None  # the offsets are integers: no gradient
 
 
@@ -316,7 +353,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                             f"cuda_sm90, got {backend!r}")
     lengths = (_native.int32(max_seqlen_q, "max_seqlen_q"),
                _native.int32(max_seqlen_k, "max_seqlen_k"))
-    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    q, k, v = _same_varying_axes(*(jnp.asarray(x) for x in (q, k, v)))
     _check_inputs(q, k, v, 3, "[total, H, D]")
     cu_seqlens_q, cu_seqlens_k = (jnp.asarray(c) for c in (cu_seqlens_q, cu_seqlens_k))
     for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):

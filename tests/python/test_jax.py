@@ -3,6 +3,8 @@ float64 NumPy oracle. CPU here (CI installs a CPU jax); the CUDA tests skip with
 that both flashcpp and JAX see. Skipped without JAX."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -166,6 +168,49 @@ def test_vmap_folds_mapped_dimensions_into_the_batch(rng):
         o, lse = flashcpp.attention(q[i], k[i], v[i], return_lse=True)
         for got, want in zip(grads, flashcpp.attention_backward(dout, q[i], k[i], v[i], o, lse)):
             np.testing.assert_array_equal(np.asarray(got[i]), want)
+
+
+SHARD_MAP_SCRIPT = """
+import numpy as np, jax, flashcpp, flashcpp.jax as fj
+from jax.sharding import Mesh, PartitionSpec as P
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:
+    from jax.experimental.shard_map import shard_map
+mesh = Mesh(np.array(jax.devices()), ("b",))
+rng = np.random.default_rng(3)
+q = rng.standard_normal((4, 33, 2, 32)).astype(np.float32)
+k, v = (rng.standard_normal((2, 41, 1, 32)).astype(np.float32) for _ in range(2))
+# q split over the mesh, k and v replicated: their gradients sum over the shards.
+f = shard_map(lambda q, k, v: fj.attention(q, k, v, causal=True), mesh=mesh,
+              in_specs=(P("b"), P(), P()), out_specs=P("b"))
+out = jax.jit(f)(q, k, v)
+dq, dk, dv = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2)))(q, k, v)
+want_dk, want_dv = 0, 0
+for rows in (slice(0, 2), slice(2, 4)):
+    o, lse = flashcpp.attention(q[rows], k, v, causal=True, return_lse=True)
+    np.testing.assert_array_equal(np.asarray(out)[rows], o)
+    grads = flashcpp.attention_backward(np.ones_like(o), q[rows], k, v, o, lse, causal=True)
+    np.testing.assert_array_equal(np.asarray(dq)[rows], grads[0])
+    want_dk, want_dv = want_dk + grads[1], want_dv + grads[2]
+np.testing.assert_allclose(np.asarray(dk), want_dk, rtol=1e-6, atol=1e-6)
+np.testing.assert_allclose(np.asarray(dv), want_dv, rtol=1e-6, atol=1e-6)
+cu = np.array([0, 20, 33], np.int32)
+fv = shard_map(lambda q: fj.attention_varlen(q[0], k[0], v[0], cu, cu, 20, 20)[None],
+               mesh=mesh, in_specs=P("b"), out_specs=P("b"))
+ov = jax.jit(fv)(q[:2, :, :, :])
+np.testing.assert_array_equal(np.asarray(ov)[1],
+                              flashcpp.attention_varlen(q[1], k[0], v[0], cu, cu, 20, 20))
+jax.jit(jax.grad(lambda q: fv(q).sum()))(q[:2])
+print("shard_map ok")
+"""
+
+
+def test_shard_map_over_two_cpu_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "shard_map ok" in done.stdout, done.stderr[-3000:]
 
 
 def test_flashcpp_attention_hands_tracers_to_flashcpp_jax(rng):
