@@ -12,6 +12,10 @@
 #   FLASHCPP_TORCH_TESTS=1  also pin PyTorch and transformers (CI: .ci/run), so their tests
 #                         run instead of skipping. PyPI's Linux torch wheel brings NVIDIA's
 #                         CUDA libraries (~5.6 GB installed; ~75 s to download and install).
+#   FLASHCPP_JAX_TESTS=1  also pin JAX for the CPU (jax[cpu] from PyPI: jax, jaxlib, scipy;
+#                         ~520 MB installed; ~30 s to download and install, ~10 s from pip's
+#                         cache), so flashcpp gets its XLA FFI handlers and the JAX jit/grad
+#                         tests run (CI: .ci/run).
 #   extra arguments       passed to pytest (e.g. -k torch -x)
 # Exit status: pytest's (non-zero on any failure); 0 when every test passed or was skipped.
 set -euo pipefail
@@ -26,6 +30,9 @@ pins=(numpy==2.3.5 pytest==8.4.2 nanobind==3.1.0 scikit-build-core==0.11.6 hypot
 if [[ "${FLASHCPP_TORCH_TESTS:-0}" == 1 ]]; then
   pins+=(torch==2.15.0 transformers==5.23.0)
 fi
+if [[ "${FLASHCPP_JAX_TESTS:-0}" == 1 ]]; then
+  pins+=("jax[cpu]==0.10.2")  # jax and the same jaxlib
+fi
 
 has_pins() {
   "$1" - "${pins[@]}" <<'PY' >/dev/null 2>&1
@@ -33,6 +40,7 @@ import sys
 from importlib.metadata import version
 for pin in sys.argv[1:]:
     name, wanted = pin.split("==")
+    name = name.split("[")[0]  # jax[cpu]: the extra's packages come with jax's version
     assert version(name) == wanted, pin
 PY
 }

@@ -10,7 +10,8 @@ FlashAttention's flash_attn_with_kvcache does.
 
 Works on any tensor speaking DLPack or __cuda_array_interface__ (NumPy on the CPU backend,
 PyTorch, CuPy, ...); outputs are allocated with the input's framework. PyTorch custom ops
-(autograd, torch.compile, CUDA graphs) live in flashcpp.torch, the Hugging Face transformers
+(autograd, torch.compile, CUDA graphs) live in flashcpp.torch, JAX's jit/grad/vmap support
+(XLA FFI custom calls) in flashcpp.jax, the Hugging Face transformers
 attention backend in flashcpp.transformers, flash-attn's functions in flashcpp.compat,
 attention over sequences split across GPUs (context parallelism) in flashcpp.distributed.
 `python -m flashcpp` reports the build, the driver and the GPUs. See docs/python.md.

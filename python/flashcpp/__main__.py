@@ -17,7 +17,7 @@ from . import _build_info, _driver
 
 def _framework_versions() -> str:
     found = []
-    for name in ("numpy", "torch"):
+    for name in ("numpy", "torch", "jax"):
         try:
             module = __import__(name)
         except ImportError:
@@ -26,7 +26,7 @@ def _framework_versions() -> str:
         if name == "torch" and module.version.cuda:
             text += f" (CUDA {module.version.cuda})"
         found.append(text)
-    return ", ".join(found) or "neither numpy nor torch"
+    return ", ".join(found) or "no numpy, torch or jax"
 
 
 def report() -> None:
@@ -43,6 +43,11 @@ def report() -> None:
         print(f"cuda     toolkit {info.cuda_toolkit}; runtime {runtime}")
     else:
         print("kernels  CPU backend only (built without CUDA: FLASHCPP_CUDA=1 pip install .)")
+    if info.xla_ffi:
+        print(f"jax      XLA FFI handlers (flashcpp.jax under jit, grad, vmap), built against "
+              f"{info.xla_ffi_headers}")
+    else:
+        print("jax      no XLA FFI handlers: concrete JAX arrays only (docs/python.md, JAX)")
     driver = _driver.report()
     if driver.problem:
         print(f"driver   {driver.problem}")

@@ -17,13 +17,13 @@ from ._frameworks import framework_of, order_after_producers, shape_of, stream_h
 
 def _autograd_ops(q, k, v, out, lse_out, stream, num_splits):
     """flashcpp.torch where q's framework hands the call to its custom ops (PyTorch tensors
-    that need autograd, or under torch.compile), else None."""
+    that need autograd, or under torch.compile), flashcpp.jax for JAX tracers, else None."""
     ops = framework_of(q).autograd_ops(q, k, v)
     if ops is not None and (out is not None or lse_out is not None or stream is not None
                             or num_splits):
         raise ValueError("out=, lse_out=, stream= and num_splits= are not supported with "
-                         "autograd or torch.compile (they go through flashcpp.torch's "
-                         "custom ops)")
+                         "autograd, torch.compile or JAX tracing (they go through "
+                         "flashcpp.torch's custom ops or flashcpp.jax's XLA calls)")
     return ops
 
 

@@ -227,6 +227,18 @@ class CupyFramework(Framework):
         return self.cupy.cuda.ExternalStream(stream)
 
 
+class JaxFramework(Framework):
+    """JAX tracers (under jax.jit, jax.grad, jax.vmap), which hold no data: the call becomes
+    flashcpp.jax's XLA custom calls. Concrete JAX arrays take the generic DLPack path."""
+
+    name = "jax"
+
+    def autograd_ops(self, q, k, v):
+        from . import jax as flashcpp_jax  # noqa: PLC0415 (imports jax, already imported)
+
+        return flashcpp_jax
+
+
 _GENERIC = Framework()
 # A nullcontext to reuse: entering and leaving it keeps no state.
 _NO_GUARD = contextlib.nullcontext()
@@ -257,6 +269,10 @@ def _framework_of_new_type(x: Any) -> Framework:
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
         return _shared(CupyFramework, cupy)
+    jax = sys.modules.get("jax")
+    tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+    if tracer is not None and isinstance(x, tracer):
+        return JaxFramework()
     return _GENERIC
 
 

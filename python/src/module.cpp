@@ -20,16 +20,20 @@
 #include <tuple>
 
 #include "flashcpp/flashcpp.hpp"
+#include "options.hpp"
 
 #ifdef FLASHCPP_PY_WITH_CUDART
 #include <cuda_runtime_api.h>
 #endif
+#ifdef FLASHCPP_PY_WITH_XLA_FFI
+#include "xla_ffi.hpp"
+#endif
 
 namespace nb = nanobind;
 using flashcpp::AttentionOptions;
-using flashcpp::Backend;
 using flashcpp::DType;
 using flashcpp::TensorView;
+using flashcpp_python::make_options;
 
 namespace {
 
@@ -303,31 +307,6 @@ class KVCacheCall {
   flashcpp::KVCacheTensors t_;
 };
 
-Backend parse_backend(const std::string& name) {
-  if (name == "auto" || name == "automatic") return Backend::automatic;
-  if (name == "cpu") return Backend::cpu;
-  if (name == "cpu_reference") return Backend::cpu_reference;
-  if (name == "cuda_sm80") return Backend::cuda_sm80;
-  if (name == "cuda_sm90") return Backend::cuda_sm90;
-  throw flashcpp::Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
-                        "cuda_sm90, got '" + name + "'");
-}
-
-AttentionOptions make_options(bool causal, std::optional<float> softmax_scale, int window_left,
-                              int window_right, float softcap, const std::string& backend,
-                              int num_splits, bool deterministic) {
-  AttentionOptions options;
-  options.causal = causal;
-  options.softmax_scale = softmax_scale;
-  options.window_left = window_left;
-  options.window_right = window_right;
-  options.softcap = softcap;
-  options.backend = parse_backend(backend);
-  options.num_splits = num_splits;
-  options.deterministic = deterministic;
-  return options;
-}
-
 // Scratch memory: any writable array (the Python layer passes uint8); only its bytes count.
 flashcpp::Workspace workspace_of(nb::handle obj, Imports& keep) {
   if (obj.is_none()) return {};
@@ -488,6 +467,14 @@ NB_MODULE(_C, m) {
   m.attr("built_with_cuda") = true;
 #else
   m.attr("built_with_cuda") = false;
+#endif
+
+  // The JAX binding's handlers (flashcpp/jax.py), where this build has them.
+#ifdef FLASHCPP_PY_WITH_XLA_FFI
+  m.attr("has_xla_ffi") = true;
+  flashcpp_python::define_xla_ffi(m);
+#else
+  m.attr("has_xla_ffi") = false;
 #endif
 
   // flashcpp.Error is a ValueError: invalid arguments, and requests no kernel can serve.

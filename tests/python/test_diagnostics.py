@@ -20,6 +20,8 @@ def test_report_names_version_revision_build_and_driver():
     assert f"cuda_available() = {flashcpp.cuda_available()}" in text
     if _build_info.cuda:
         assert "sm" + _build_info.cuda_archs[0] in text
+    # Whether flashcpp.jax has its XLA FFI handlers, as the module itself says.
+    assert ("jax      XLA FFI handlers" in text) == flashcpp._C.has_xla_ffi
 
 
 def test_explain_names_the_kernel_of_each_path():
