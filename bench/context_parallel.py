@@ -204,11 +204,12 @@ def _ring_parts(args, n, causal, backward, shards, dout, clock, device, ring):
                     ring_module._kv_like(k, incoming), ring_module._kv_like(v, incoming)]).wait()
             dk = torch.zeros_like(k, dtype=torch.float32)
             dv = torch.zeros_like(v, dtype=torch.float32)
-            for step in range(world):  # dK/dV in float32, back to their owner
+            for step in range(world):  # dK/dV in float32 (the last hop in k's dtype) to the owner
                 incoming = schedule.kv_lengths[schedule.held(step + 1)]
-                dk, dv = ring.shift([dk, dv], [
-                    ring_module._kv_like(k, incoming, torch.float32),
-                    ring_module._kv_like(v, incoming, torch.float32)]).wait()
+                kind = k.dtype if step == world - 1 else torch.float32
+                dk, dv = ring.shift([dk.to(kind), dv.to(kind)], [
+                    ring_module._kv_like(k, incoming, kind),
+                    ring_module._kv_like(v, incoming, kind)]).wait()
 
     parts = dict(compute_ms=median_over_ranks(clock, compute, args.reps, args.warmup, device),
                  comm_ms=median_over_ranks(clock, comm, args.reps, args.warmup, device))

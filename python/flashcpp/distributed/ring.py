@@ -226,9 +226,14 @@ def _ring_backward(dout, q, k, v, out, lse, schedule: _Schedule, o: _Options):
             dv_part.add_(dv_before)
         if world > 1:  # pass them on; after the last step they reach the shard's owner
             incoming = schedule.kv_lengths[schedule.held(step + 1)]
+            # The last hop carries the finished sums, which the owner only rounds to k's dtype:
+            # rounded before sending instead (the same bits), it moves half the bytes, and it
+            # is the one transfer no compute hides.
+            dtypes = ((k.dtype, v.dtype) if step == world - 1
+                      else (torch.float32, torch.float32))
             pending_grads = ring.shift(
-                [dk_part, dv_part],
-                [_kv_like(k, incoming, torch.float32), _kv_like(v, incoming, torch.float32)],
+                [dk_part.to(dtypes[0]), dv_part.to(dtypes[1])],
+                [_kv_like(k, incoming, dtypes[0]), _kv_like(v, incoming, dtypes[1])],
                 first_tag=2)  # in flight together with the next K/V shift
         else:
             dk_mine, dv_mine = dk_part, dv_part
