@@ -144,11 +144,13 @@ int heuristic_splits(const ForwardParams& p, const Sm80FwdTile& t) {
   return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
 }
 
-// The sm90a forward splits KV too, but its 128-row query tiles would run nearly empty for a few
-// query rows (decode-like calls through the forward API): those keep the sm80 split kernel.
-bool sm90_forward_runs(const ForwardParams& p) {
+// Whether the sm90a forward runs a call on Hopper: whatever it covers when cuda_sm90 is asked
+// for; for the automatic backend, not the split calls with few query rows (decode-like calls
+// through the forward API), whose 128-row query tiles would run nearly empty: those take the
+// sm80 split kernel.
+bool sm90_forward_runs(const ForwardParams& p, Backend requested) {
   if (!sm90::fwd_covers(p)) return false;
-  if (p.seqlen_q >= 64 || p.num_splits == 1) return true;
+  if (requested == Backend::cuda_sm90 || p.seqlen_q >= 64 || p.num_splits == 1) return true;
   return p.num_splits <= 0 && heuristic_splits(p, sm80_fwd_tile(p.head_dim)) <= 1;
 }
 
@@ -377,7 +379,7 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
   if (requested == Backend::cuda_sm90 && !sm90::any_fwd_built())
     throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
-  if (sm90_asked(dev, requested) && sm90_forward_runs(params))
+  if (sm90_asked(dev, requested) && sm90_forward_runs(params, requested))
     return log_plan("forward", params, plan_sm90_forward(params));
   // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   return log_plan("forward", params, plan_sm80_forward(params));
@@ -395,7 +397,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
   if (kvcache_runs_forward(params)) {
     const ForwardParams f = kvcache_forward_params(params);
     Plan plan;
-    if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
+    if (sm90_asked(dev, requested) && sm90_forward_runs(f, requested)) {
       plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
     } else if (smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);

@@ -439,15 +439,21 @@ TEST_P(CudaForwardSm90, SplitKv) {
   }
 }
 
-// A decode shape (one query row) the heuristic splits runs on the sm80 split-KV kernels, whose
-// query tiles are not 128 rows, and RunInfo says so.
-TEST_P(CudaForwardSm90, DecodeShapeSplitsOnSm80) {
+// A decode shape (one query row) the heuristic splits: the automatic backend runs it on the
+// sm80 split-KV kernels (whose query tiles are not 128 rows), an explicit cuda_sm90 request on
+// the sm90a ones; RunInfo says which.
+TEST_P(CudaForwardSm90, DecodeShapeSplits) {
   FwdCase d = decode_case(base());
-  d.expect = Backend::cuda_sm80;
   d.num_splits = 0;
-  const FwdResult r = check(d);
-  if (!r.not_built) {
-    EXPECT_GT(r.info.num_splits, 1);
+  const FwdResult on_sm90 = check(d);
+  if (!on_sm90.not_built) {
+    EXPECT_GT(on_sm90.info.num_splits, 1);
+  }
+  d.backend = Backend::automatic;
+  d.expect = Backend::cuda_sm80;
+  const FwdResult automatic = check(d);
+  if (!automatic.not_built) {
+    EXPECT_GT(automatic.info.num_splits, 1);
   }
 }
 
