@@ -21,6 +21,8 @@
 
 #include <omp.h>
 
+#include "cpu/amx_backward.hpp"
+#include "cpu/amx_tiles.hpp"
 #include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -86,9 +88,9 @@ class RowStats {
   std::vector<float> lse_log2_, delta_;
 };
 
-// Per thread. Besides the block products' own buffer (block_gemm), 4 bytes times
-// 3 * kBlockM * kBlockN + max(kBlockM, kBlockN) * D + kBlockN * Dv, and for fp16/bf16 inputs
-// (kBlockM + kBlockN) * (D + Dv) more for the converted q, dO, k, v blocks.
+// Per thread, for the fp32 block products. Besides block_gemm's own buffer, 4 bytes times
+// 3 * kBlockM * kBlockN, and for fp16/bf16 inputs (kBlockM + kBlockN) * (D + Dv) more for the
+// converted q, dO, k, v blocks.
 struct Scratch {
   Scratch(ElementType type, int d, int dv)
       : q(type, kBlockM, d),
@@ -97,16 +99,12 @@ struct Scratch {
         v(type, kBlockN, dv),
         p(kBlockM * kBlockN),
         ds(kBlockM * kBlockN),
-        tanh_values(kBlockM * kBlockN),
-        acc(static_cast<std::size_t>(std::max(kBlockM, kBlockN)) * d),
-        acc_v(static_cast<std::size_t>(kBlockN) * dv) {}
+        tanh_values(kBlockM * kBlockN) {}
   Fp32Rows q, dout;                // query-side blocks (rows)
   Fp32Rows k, v;                   // key-side blocks (cols)
   std::vector<float> p;            // scores, then probabilities
   std::vector<float> ds;           // dP, then dS
   std::vector<float> tanh_values;  // softcap only
-  std::vector<float> acc;          // dK (pass 1) or dQ (pass 2) rows
-  std::vector<float> acc_v;        // dV rows (pass 1)
 };
 
 struct Problem {
@@ -218,95 +216,226 @@ void store_key_rows(void* base, ElementType type, const Strides& stride, const S
               values + static_cast<std::int64_t>(i) * dim, dim);
 }
 
+// The pair step on fp32 block products (AVX-512 microkernels or OpenBLAS): fp16/bf16 blocks
+// converted to fp32 as they are loaded.
+class Fp32Blocks {
+ public:
+  explicit Fp32Blocks(const Problem& pr)
+      : pr_(pr), w_(pr.params.dtype, pr.params.head_dim, pr.params.head_dim_v) {}
+
+  void load_queries(const Sequence& seq, int head, std::int64_t r0, int rows) {
+    load_query_block(pr_, seq, head, r0, rows, w_);
+    seq_ = seq;
+    head_ = head;
+    r0_ = r0;
+    rows_ = rows;
+  }
+  void load_keys(const Sequence& seq, int kv_head, std::int64_t c0, int cols) {
+    load_key_block(pr_, seq, kv_head, c0, cols, w_);
+    c0_ = c0;
+    cols_ = cols;
+  }
+  void gradients(const BlockMask& mask) {
+    mask_ = &mask;
+    recompute_block(pr_, seq_, head_, r0_, rows_, c0_, cols_, w_);
+  }
+  // dV += P^T dO, dK += dS^T Q
+  void add_dv_dk(float* dv, float* dk) {
+    const int d = pr_.params.head_dim, dvd = pr_.params.head_dim_v;
+    visible_product_by_key(*mask_, r0_, rows_, c0_, cols_, dvd, 1.0f, w_.p.data(), cols_,
+                           w_.dout.data(), w_.dout.ld(), dv, dvd);
+    visible_product_by_key(*mask_, r0_, rows_, c0_, cols_, d, pr_.params.scale, w_.ds.data(),
+                           cols_, w_.q.data(), w_.q.ld(), dk, d);
+  }
+  // dQ += dS K
+  void add_dq(float* dq) {
+    const int d = pr_.params.head_dim;
+    visible_product(*mask_, r0_, rows_, c0_, cols_, d, pr_.params.scale, w_.ds.data(), cols_,
+                    w_.k.data(), w_.k.ld(), dq, d);
+  }
+
+ private:
+  const Problem& pr_;
+  Scratch w_;
+  const BlockMask* mask_ = nullptr;
+  Sequence seq_;
+  int head_ = 0, rows_ = 0, cols_ = 0;
+  std::int64_t r0_ = 0, c0_ = 0;
+};
+
+// The pair step on AMX tiles (bf16; amx_backward.cpp).
+class AmxBlocks {
+ public:
+  explicit AmxBlocks(const Problem& pr)
+      : pr_(pr), blocks_(pr.params.head_dim, pr.params.head_dim_v) {}
+
+  void load_queries(const Sequence& seq, int head, std::int64_t r0, int rows) {
+    blocks_.load_queries(pr_.params, seq, head, r0, rows, pr_.stats.lse_log2(seq, head) + r0,
+                         pr_.stats.delta(seq, head) + r0);
+  }
+  void load_keys(const Sequence& seq, int kv_head, std::int64_t c0, int cols) {
+    blocks_.load_keys(pr_.params, seq, kv_head, c0, cols);
+  }
+  void gradients(const BlockMask& mask) {
+    blocks_.gradients(mask, pr_.transform.alpha, pr_.params.scale);
+  }
+  void add_dv_dk(float* dv, float* dk) { blocks_.add_dv_dk(dv, dk); }
+  void add_dq(float* dq) { blocks_.add_dq(dq); }
+
+ private:
+  const Problem& pr_;
+  const TileScope tiles_;  // the tile configuration is per thread
+  AmxBackwardBlocks blocks_;
+};
+
+static_assert(AmxBackwardBlocks::kRows == kBlockM && AmxBackwardBlocks::kKeys == kBlockN);
+
+// One thread's gradient accumulators: dK, dV rows of `key_rows` keys and dQ rows of one query
+// block, with whole blocks of room (the AMX products write whole tiles).
+struct Accumulators {
+  Accumulators(const BackwardParams& p, std::int64_t key_rows)
+      : dq(static_cast<std::size_t>(kBlockM) * p.head_dim),
+        dk(static_cast<std::size_t>((key_rows + kBlockN - 1) / kBlockN * kBlockN) * p.head_dim),
+        dv(dk.size() / p.head_dim * p.head_dim_v) {}
+  std::vector<float> dq, dk, dv;
+};
+
+void store_dq(const BackwardParams& p, const Sequence& seq, int head, std::int64_t r0, int rows,
+              const float* dq) {
+  for (int i = 0; i < rows; ++i)
+    store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
+              dq + static_cast<std::int64_t>(i) * p.head_dim, p.head_dim);
+}
+
 // Pass 1: dK and dV of keys [c0, c0 + cols) of one kv head, summed over its query heads.
-void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64_t c0, Scratch& w) {
+template <class Blocks>
+void dk_dv_block(const Problem& pr, const Sequence& seq, int kv_head, std::int64_t c0,
+                 Blocks& blocks, Accumulators& acc) {
   const BackwardParams& p = pr.params;
-  const int d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
+  const int group = p.heads_q / p.heads_kv;
   const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
-  std::fill_n(w.acc.begin(), static_cast<std::int64_t>(cols) * d, 0.0f);
-  std::fill_n(w.acc_v.begin(), static_cast<std::int64_t>(cols) * dv, 0.0f);
+  std::fill(acc.dk.begin(), acc.dk.end(), 0.0f);
+  std::fill(acc.dv.begin(), acc.dv.end(), 0.0f);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
   const RowRange rows_seen = mask.rows_of_keys(c0, c0 + cols);
-  load_key_block(pr, seq, kv_head, c0, cols, w);
+  blocks.load_keys(seq, kv_head, c0, cols);
 
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     for (std::int64_t r0 = rows_seen.begin / kBlockM * kBlockM; r0 < rows_seen.end;
          r0 += kBlockM) {
       const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
       if (!pair_visible(mask, r0, rows, c0, cols)) continue;
-      load_query_block(pr, seq, head, r0, rows, w);
-      recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-      // dV += P^T dO, dK += dS^T Q
-      visible_product_by_key(mask, r0, rows, c0, cols, dv, 1.0f, w.p.data(), cols,
-                             w.dout.data(), w.dout.ld(), w.acc_v.data(), dv);
-      visible_product_by_key(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,
-                             w.q.data(), w.q.ld(), w.acc.data(), d);
+      blocks.load_queries(seq, head, r0, rows);
+      blocks.gradients(mask);
+      blocks.add_dv_dk(acc.dv.data(), acc.dk.data());
     }
   }
-  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, c0, cols, kv_head, w.acc.data(), d);
-  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, c0, cols, kv_head, w.acc_v.data(), dv);
+  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, c0, cols, kv_head, acc.dk.data(), p.head_dim);
+  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, c0, cols, kv_head, acc.dv.data(), p.head_dim_v);
 }
 
 // Pass 2: dQ of query rows [r0, r0 + kBlockM) of one head.
-void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0, Scratch& w) {
+template <class Blocks>
+void dq_block(const Problem& pr, const Sequence& seq, int head, std::int64_t r0, Blocks& blocks,
+              Accumulators& acc) {
   const BackwardParams& p = pr.params;
-  const int d = p.head_dim, kv_head = head / (p.heads_q / p.heads_kv);
+  const int kv_head = head / (p.heads_q / p.heads_kv);
   const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
-  std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
+  std::fill(acc.dq.begin(), acc.dq.end(), 0.0f);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
   const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
-  load_query_block(pr, seq, head, r0, rows, w);
+  blocks.load_queries(seq, head, r0, rows);
 
   for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
     const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
     if (!pair_visible(mask, r0, rows, c0, cols)) continue;
-    load_key_block(pr, seq, kv_head, c0, cols, w);
-    recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-    visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,  // dQ += dS K
-                    w.k.data(), w.k.ld(), w.acc.data(), d);
+    blocks.load_keys(seq, kv_head, c0, cols);
+    blocks.gradients(mask);
+    blocks.add_dq(acc.dq.data());
   }
-  for (int i = 0; i < rows; ++i)
-    store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
-              w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+  store_dq(p, seq, head, r0, rows, acc.dq.data());
 }
 
 // One task per (batch, kv head): dQ of its query heads and dK, dV of its keys, each score
 // block computed once (5 block products, where the two passes above take 7). dK and dV
-// accumulate over the whole sequence in the thread's `dk`, `dv` rows (nk x D, nk x Dv).
-void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Scratch& w, float* dk,
-                float* dv) {
+// accumulate over the whole sequence in the thread's accumulators.
+template <class Blocks>
+void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Blocks& blocks,
+                Accumulators& acc) {
   const BackwardParams& p = pr.params;
   const int d = p.head_dim, dvd = p.head_dim_v, group = p.heads_q / p.heads_kv;
-  std::fill_n(dk, seq.nk * d, 0.0f);
-  std::fill_n(dv, seq.nk * dvd, 0.0f);
+  std::fill(acc.dk.begin(), acc.dk.end(), 0.0f);
+  std::fill(acc.dv.begin(), acc.dv.end(), 0.0f);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
 
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     for (std::int64_t r0 = 0; r0 < seq.nq; r0 += kBlockM) {
       const int rows = static_cast<int>(std::min<std::int64_t>(kBlockM, seq.nq - r0));
-      std::fill_n(w.acc.begin(), static_cast<std::int64_t>(rows) * d, 0.0f);
+      std::fill(acc.dq.begin(), acc.dq.end(), 0.0f);
       const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
-      load_query_block(pr, seq, head, r0, rows, w);
+      blocks.load_queries(seq, head, r0, rows);
       for (std::int64_t c0 = first_key_block(span); c0 < span.end; c0 += kBlockN) {
         const int cols = static_cast<int>(std::min<std::int64_t>(kBlockN, seq.nk - c0));
         if (!pair_visible(mask, r0, rows, c0, cols)) continue;
-        load_key_block(pr, seq, kv_head, c0, cols, w);
-        recompute_block(pr, seq, head, r0, rows, c0, cols, w);
-        // dV += P^T dO, dK += dS^T Q, dQ += dS K
-        visible_product_by_key(mask, r0, rows, c0, cols, dvd, 1.0f, w.p.data(), cols,
-                               w.dout.data(), w.dout.ld(), dv + c0 * dvd, dvd);
-        visible_product_by_key(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols,
-                               w.q.data(), w.q.ld(), dk + c0 * d, d);
-        visible_product(mask, r0, rows, c0, cols, d, p.scale, w.ds.data(), cols, w.k.data(),
-                        w.k.ld(), w.acc.data(), d);
+        blocks.load_keys(seq, kv_head, c0, cols);
+        blocks.gradients(mask);
+        blocks.add_dv_dk(acc.dv.data() + c0 * dvd, acc.dk.data() + c0 * d);
+        blocks.add_dq(acc.dq.data());
       }
-      for (int i = 0; i < rows; ++i)
-        store_row(p.dq, p.dtype, q_offset(p.dq_stride, seq, r0 + i, head),
-                  w.acc.data() + static_cast<std::int64_t>(i) * d, d);
+      store_dq(p, seq, head, r0, rows, acc.dq.data());
     }
   }
-  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dk, d);
-  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, 0, static_cast<int>(seq.nk), kv_head, dv, dvd);
+  const int nk = static_cast<int>(seq.nk);
+  store_key_rows(p.dk, p.dtype, p.dk_stride, seq, 0, nk, kv_head, acc.dk.data(), d);
+  store_key_rows(p.dv, p.dtype, p.dv_stride, seq, 0, nk, kv_head, acc.dv.data(), dvd);
+}
+
+// The gradients, given the row statistics. Fused when (batch, kv head) tasks keep every thread
+// busy (at least 2 each); otherwise the two passes, whose tasks are key blocks and query
+// blocks. Same gradients either way.
+template <class Blocks>
+void walk_pairs(const Problem& problem) {
+  const BackwardParams& p = problem.params;
+  const std::int64_t fused_tasks = std::int64_t{p.batch} * p.heads_kv;
+  if (fused_tasks >= 2 * std::int64_t{omp_get_max_threads()}) {
+    std::int64_t max_nk = 0;
+    for (int b = 0; b < p.batch; ++b) max_nk = std::max(max_nk, sequence_of(p, b).nk);
+#pragma omp parallel
+    {
+      Blocks blocks(problem);
+      Accumulators acc(p, max_nk);
+#pragma omp for schedule(dynamic)
+      for (std::int64_t t = 0; t < fused_tasks; ++t) {
+        const Sequence seq = sequence_of(p, static_cast<int>(t / p.heads_kv));
+        fused_task(problem, seq, static_cast<int>(t % p.heads_kv), blocks, acc);
+      }
+    }
+    return;
+  }
+  const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
+  const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
+  const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
+  const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
+#pragma omp parallel
+  {
+    Blocks blocks(problem);
+    Accumulators acc(p, kBlockN);
+    // nowait: pass 2 does not read what pass 1 writes.
+#pragma omp for schedule(dynamic) nowait
+    for (std::int64_t t = 0; t < kv_tasks; ++t) {
+      const int kv_head = static_cast<int>(t / key_blocks % p.heads_kv);
+      const Sequence seq = sequence_of(p, static_cast<int>(t / key_blocks / p.heads_kv));
+      const std::int64_t c0 = t % key_blocks * kBlockN;
+      if (c0 < seq.nk) dk_dv_block(problem, seq, kv_head, c0, blocks, acc);
+    }
+#pragma omp for schedule(dynamic)
+    for (std::int64_t t = 0; t < q_tasks; ++t) {
+      const int head = static_cast<int>(t / query_blocks % p.heads_q);
+      const Sequence seq = sequence_of(p, static_cast<int>(t / query_blocks / p.heads_q));
+      const std::int64_t r0 = t % query_blocks * kBlockM;
+      if (r0 < seq.nq) dq_block(problem, seq, head, r0, blocks, acc);
+    }
+  }
 }
 
 }  // namespace
@@ -329,48 +458,10 @@ void tiled_backward(const BackwardParams& p) {
   }
 
   const Problem problem{p, in, stats, score_transform(p)};
-  // Fused when (batch, kv head) tasks keep every thread busy (at least 2 each); otherwise the
-  // two passes, whose tasks are key blocks and query blocks. Same gradients either way.
-  const std::int64_t fused_tasks = std::int64_t{p.batch} * p.heads_kv;
-  if (fused_tasks >= 2 * std::int64_t{omp_get_max_threads()}) {
-    std::int64_t max_nk = 0;
-    for (int b = 0; b < p.batch; ++b) max_nk = std::max(max_nk, sequence_of(p, b).nk);
-#pragma omp parallel
-    {
-      Scratch scratch(p.dtype, p.head_dim, p.head_dim_v);
-      std::vector<float> dk(static_cast<std::size_t>(max_nk * p.head_dim));
-      std::vector<float> dv(static_cast<std::size_t>(max_nk * p.head_dim_v));
-#pragma omp for schedule(dynamic)
-      for (std::int64_t t = 0; t < fused_tasks; ++t) {
-        const Sequence seq = sequence_of(p, static_cast<int>(t / p.heads_kv));
-        fused_task(problem, seq, static_cast<int>(t % p.heads_kv), scratch, dk.data(), dv.data());
-      }
-    }
-    return;
-  }
-  const std::int64_t key_blocks = (std::int64_t{p.seqlen_k} + kBlockN - 1) / kBlockN;
-  const std::int64_t query_blocks = (std::int64_t{p.seqlen_q} + kBlockM - 1) / kBlockM;
-  const std::int64_t kv_tasks = std::int64_t{p.batch} * p.heads_kv * key_blocks;
-  const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
-#pragma omp parallel
-  {
-    Scratch scratch(p.dtype, p.head_dim, p.head_dim_v);
-    // nowait: pass 2 does not read what pass 1 writes.
-#pragma omp for schedule(dynamic) nowait
-    for (std::int64_t t = 0; t < kv_tasks; ++t) {
-      const int kv_head = static_cast<int>(t / key_blocks % p.heads_kv);
-      const Sequence seq = sequence_of(p, static_cast<int>(t / key_blocks / p.heads_kv));
-      const std::int64_t c0 = t % key_blocks * kBlockN;
-      if (c0 < seq.nk) dk_dv_block(problem, seq, kv_head, c0, scratch);
-    }
-#pragma omp for schedule(dynamic)
-    for (std::int64_t t = 0; t < q_tasks; ++t) {
-      const int head = static_cast<int>(t / query_blocks % p.heads_q);
-      const Sequence seq = sequence_of(p, static_cast<int>(t / query_blocks / p.heads_q));
-      const std::int64_t r0 = t % query_blocks * kBlockM;
-      if (r0 < seq.nq) dq_block(problem, seq, head, r0, scratch);
-    }
-  }
+  if (amx_backward_usable(p))
+    walk_pairs<AmxBlocks>(problem);
+  else
+    walk_pairs<Fp32Blocks>(problem);
 }
 
 }  // namespace flashcpp::detail::cpu
