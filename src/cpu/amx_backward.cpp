@@ -54,9 +54,9 @@ void copy_rows(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int 
 // rows `lda` elements apart, part t at a + t * a_part; B: tile-B layout of pack_b /
 // pack_transposed_b (chunks of 16 columns, 16 * k elements each); C: fp32 rows, ldc apart.
 // 2 x 2 tiles of C at a time; B's tiles are loaded once for all parts.
-void tile_product(int m, int n, int k, const std::uint16_t* a, int lda, int parts,
+void tile_product(int m, int n, int k, const std::uint16_t* a, std::int64_t lda, int parts,
                   std::int64_t a_part, const std::uint16_t* b, float* c, int ldc, bool accumulate) {
-  const int a_bytes = lda * 2, c_bytes = ldc * 4;
+  const std::int64_t a_bytes = lda * 2, c_bytes = ldc * 4;
   for (int i = 0; i < m; i += 32) {
     for (int j = 0; j < n; j += 32) {
       float* c0 = c + static_cast<std::int64_t>(i) * ldc + j;
@@ -78,7 +78,7 @@ void tile_product(int m, int n, int k, const std::uint16_t* a, int lda, int part
         _tile_loadd(6, b0 + p * 16, 64);
         _tile_loadd(7, b1 + p * 16, 64);
         for (int t = 0; t < parts; ++t) {
-          const std::uint16_t* a0 = a + t * a_part + static_cast<std::int64_t>(i) * lda + p;
+          const std::uint16_t* a0 = a + t * a_part + i * lda + p;
           _tile_loadd(4, a0, a_bytes);
           _tile_loadd(5, a0 + 16 * lda, a_bytes);
           _tile_dpbf16ps(0, 4, 6);
@@ -95,55 +95,70 @@ void tile_product(int m, int n, int k, const std::uint16_t* a, int lda, int part
   }
 }
 
-// x (count floats, a multiple of 32) as bf16 high parts and the bf16 rounding of the rest.
-void split_bf16(const float* x, std::int64_t count, std::uint16_t* high, std::uint16_t* low) {
-  for (std::int64_t e = 0; e < count; e += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + e), x1 = _mm512_loadu_ps(x + e + 16);
-    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));
-    const __m512 h0 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-    const __m512 h1 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-    const __m512i l = reinterpret_cast<__m512i>(
-        _mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
-    _mm512_storeu_si512(high + e, h);
-    _mm512_storeu_si512(low + e, l);
-  }
+// x0, x1 (32 floats) as bf16 high parts and the bf16 rounding of the rest: high + low is x
+// to about 2^-17.
+inline void split_bf16(__m512 x0, __m512 x1, std::uint16_t* high, std::uint16_t* low) {
+  const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));
+  const __m512 h0 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+  const __m512i l = reinterpret_cast<__m512i>(
+      _mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
+  _mm512_storeu_si512(high, h);
+  _mm512_storeu_si512(low, l);
 }
 
-// out[i][j] = in[j][i] for in [kKeys][kRows] fp32.
-void transpose_scores(const float* in, float* out) {
-  for (int j0 = 0; j0 < kKeys; j0 += 16) {
-    for (int i0 = 0; i0 < kRows; i0 += 16) {
-      __m512i r[16];
-      for (int t = 0; t < 16; ++t)
-        r[t] = _mm512_castps_si512(_mm512_loadu_ps(in + (j0 + t) * kRows + i0));
-      transpose_16x16(r);
-      for (int t = 0; t < 16; ++t)
-        _mm512_storeu_ps(out + (i0 + t) * kKeys + j0, _mm512_castsi512_ps(r[t]));
+// dS [kRows][kKeys] as bf16 parts from dS^T [kKeys][kRows] fp32: 16 x 16 transposes.
+void transpose_split(const float* dst, std::uint16_t* high, std::uint16_t* low) {
+  for (int i0 = 0; i0 < kRows; i0 += 16) {
+    for (int j0 = 0; j0 < kKeys; j0 += 32) {
+      __m512i a[16], b[16];
+      for (int t = 0; t < 16; ++t) {
+        a[t] = _mm512_castps_si512(_mm512_loadu_ps(dst + (j0 + t) * kRows + i0));
+        b[t] = _mm512_castps_si512(_mm512_loadu_ps(dst + (j0 + 16 + t) * kRows + i0));
+      }
+      transpose_16x16(a);
+      transpose_16x16(b);
+      for (int t = 0; t < 16; ++t) {
+        const std::int64_t at = static_cast<std::int64_t>(i0 + t) * kKeys + j0;
+        split_bf16(_mm512_castsi512_ps(a[t]), _mm512_castsi512_ps(b[t]), high + at, low + at);
+      }
     }
   }
 }
 
-// P^T and dS^T (times scale) in place of S^T and dP^T, 16 query rows per vector.
-void softmax_gradient(float* st, float* dpt, const float* lse, const float* delta,
+// From S^T and dP^T (fp32, [kKeys][kRows]): P^T and dS^T (times scale) as bf16 parts, and
+// dS^T in fp32 in place of dP^T. 32 query rows per step, 16 in each vector.
+void softmax_gradient(const float* st, float* dpt, const float* lse, const float* delta,
                       const std::int32_t* seen_begin, const std::int32_t* seen_end, float alpha,
-                      float scale) {
+                      float scale, std::uint16_t* pt_parts, std::uint16_t* dst_parts) {
   const __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(scale);
-  for (int i0 = 0; i0 < kRows; i0 += 16) {
-    const __m512 l = _mm512_loadu_ps(lse + i0), dl = _mm512_loadu_ps(delta + i0);
-    const __m512i begin = _mm512_loadu_si512(seen_begin + i0);
-    const __m512i end = _mm512_loadu_si512(seen_end + i0);
+  for (int i0 = 0; i0 < kRows; i0 += 32) {
+    __m512 l[2], dl[2];
+    __m512i begin[2], end[2];
+    for (int h = 0; h < 2; ++h) {
+      l[h] = _mm512_loadu_ps(lse + i0 + 16 * h);
+      dl[h] = _mm512_loadu_ps(delta + i0 + 16 * h);
+      begin[h] = _mm512_loadu_si512(seen_begin + i0 + 16 * h);
+      end[h] = _mm512_loadu_si512(seen_end + i0 + 16 * h);
+    }
     for (int j = 0; j < kKeys; ++j) {
       const __m512i key = _mm512_set1_epi32(j);
-      const __mmask16 seen =
-          _mm512_cmple_epi32_mask(begin, key) & _mm512_cmplt_epi32_mask(key, end);
-      float* s = st + j * kRows + i0;
-      float* dp = dpt + j * kRows + i0;
-      const __m512 p = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(s), va, l));
-      const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp), dl)), vs);
-      _mm512_storeu_ps(s, _mm512_maskz_mov_ps(seen, p));
-      _mm512_storeu_ps(dp, _mm512_maskz_mov_ps(seen, ds));
+      __m512 p[2], ds[2];
+      for (int h = 0; h < 2; ++h) {
+        const __mmask16 seen =
+            _mm512_cmple_epi32_mask(begin[h], key) & _mm512_cmplt_epi32_mask(key, end[h]);
+        const std::int64_t at = j * kRows + i0 + 16 * h;
+        const __m512 x = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(st + at), va, l[h]));
+        const __m512 g = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_sub_ps(_mm512_loadu_ps(dpt + at), dl[h])), vs);
+        p[h] = _mm512_maskz_mov_ps(seen, x);
+        ds[h] = _mm512_maskz_mov_ps(seen, g);
+        _mm512_storeu_ps(dpt + at, ds[h]);
+      }
+      const std::int64_t at = j * kRows + i0;
+      split_bf16(p[0], p[1], pt_parts + at, pt_parts + kPair + at);
+      split_bf16(ds[0], ds[1], dst_parts + at, dst_parts + kPair + at);
     }
   }
 }
@@ -173,9 +188,8 @@ AmxBackwardBlocks::AmxBackwardBlocks(int head_dim, int head_dim_v)
       delta_(kRows),
       seen_begin_(kRows),
       seen_end_(kRows),
-      pt_(kPair),
+      st_(kPair),
       dst_(kPair),
-      ds_(kPair),
       pt_parts_(2 * kPair),
       dst_parts_(2 * kPair),
       ds_parts_(2 * kPair) {}
@@ -204,13 +218,22 @@ void AmxBackwardBlocks::load_keys(const BackwardParams& p, const Sequence& seq, 
                                   std::int64_t c0, int cols) {
   c0_ = c0;
   cols_ = cols;
-  const auto* k = static_cast<const std::uint16_t*>(p.k);
-  const auto* v = static_cast<const std::uint16_t*>(p.v);
-  copy_rows(k + k_offset(p.k_stride, seq, c0, kv_head), p.k_stride.row, cols, d_, kKeys,
-            k_.data());
-  copy_rows(v + k_offset(p.v_stride, seq, c0, kv_head), p.v_stride.row, cols, dv_, kKeys,
-            v_.data());
-  k_finite_ = pack_b(k_.data(), d_, kKeys, d_, kKeys, k_b_.data());
+  const auto* k = static_cast<const std::uint16_t*>(p.k) + k_offset(p.k_stride, seq, c0, kv_head);
+  const auto* v = static_cast<const std::uint16_t*>(p.v) + k_offset(p.v_stride, seq, c0, kv_head);
+  if (cols == kKeys) {  // tiles read whole blocks in place
+    k_rows_ = k;
+    v_rows_ = v;
+    ldk_ = p.k_stride.row;
+    ldv_ = p.v_stride.row;
+  } else {  // a short block: zero-padded copies
+    copy_rows(k, p.k_stride.row, cols, d_, kKeys, k_.data());
+    copy_rows(v, p.v_stride.row, cols, dv_, kKeys, v_.data());
+    k_rows_ = k_.data();
+    v_rows_ = v_.data();
+    ldk_ = d_;
+    ldv_ = dv_;
+  }
+  k_finite_ = pack_b(k_rows_, ldk_, kKeys, d_, kKeys, k_b_.data());
 }
 
 void AmxBackwardBlocks::gradients(const BlockMask& mask, float alpha, float scale) {
@@ -226,28 +249,31 @@ void AmxBackwardBlocks::gradients(const BlockMask& mask, float alpha, float scal
     seen_begin_[i] = static_cast<std::int32_t>(begin);
     seen_end_[i] = static_cast<std::int32_t>(end);
   }
-  tile_product(kKeys, kRows, d_, k_.data(), d_, 1, 0, q_t_.data(), pt_.data(), kRows, false);
-  tile_product(kKeys, kRows, dv_, v_.data(), dv_, 1, 0, dout_t_.data(), dst_.data(), kRows,
+  tile_product(kKeys, kRows, d_, k_rows_, ldk_, 1, 0, q_t_.data(), st_.data(), kRows, false);
+  tile_product(kKeys, kRows, dv_, v_rows_, ldv_, 1, 0, dout_t_.data(), dst_.data(), kRows,
                false);
-  softmax_gradient(pt_.data(), dst_.data(), lse_.data(), delta_.data(), seen_begin_.data(),
-                   seen_end_.data(), alpha, scale);
-  transpose_scores(dst_.data(), ds_.data());
-  split_bf16(pt_.data(), kPair, pt_parts_.data(), pt_parts_.data() + kPair);
-  split_bf16(dst_.data(), kPair, dst_parts_.data(), dst_parts_.data() + kPair);
-  split_bf16(ds_.data(), kPair, ds_parts_.data(), ds_parts_.data() + kPair);
+  softmax_gradient(st_.data(), dst_.data(), lse_.data(), delta_.data(), seen_begin_.data(),
+                   seen_end_.data(), alpha, scale, pt_parts_.data(), dst_parts_.data());
+  transpose_split(dst_.data(), ds_parts_.data(), ds_parts_.data() + kPair);
 }
 
 namespace {
 
-// c[j] += sum over the rows i that see key j of a[j][i] * b[i] (a: [kKeys][kRows] fp32,
+// The fp32 value of element `at` of a matrix held as bf16 high and low parts.
+float part_sum(const std::uint16_t* parts, std::int64_t at) {
+  return bf16_to_float(parts[at]) + bf16_to_float(parts[kPair + at]);
+}
+
+// c[j] += sum over the rows i that see key j of a[j][i] * b[i] (a: [kKeys][kRows] as parts,
 // b: bf16 rows of n): the products of a cut block whose b holds NaN or Inf.
-void visible_by_key(const float* a, const std::uint16_t* b, int n, const std::int32_t* begin,
-                    const std::int32_t* end, int rows, int cols, float* c) {
+void visible_by_key(const std::uint16_t* a, const std::uint16_t* b, int n,
+                    const std::int32_t* begin, const std::int32_t* end, int rows, int cols,
+                    float* c) {
   for (int j = 0; j < cols; ++j) {
     float* c_row = c + static_cast<std::int64_t>(j) * n;
     for (int i = 0; i < rows; ++i) {
       if (j < begin[i] || j >= end[i]) continue;
-      const float x = a[j * kRows + i];
+      const float x = part_sum(a, j * kRows + i);
       const std::uint16_t* b_row = b + static_cast<std::int64_t>(i) * n;
       for (int e = 0; e < n; ++e) c_row[e] += x * bf16_to_float(b_row[e]);
     }
@@ -261,12 +287,12 @@ void AmxBackwardBlocks::add_dv_dk(float* dv, float* dk) {
     tile_product(kKeys, dv_, kRows, pt_parts_.data(), kRows, 2, kPair, dout_b_.data(), dv, dv_,
                  true);
   else
-    visible_by_key(pt_.data(), dout_.data(), dv_, seen_begin_.data(), seen_end_.data(), rows_,
+    visible_by_key(pt_parts_.data(), dout_.data(), dv_, seen_begin_.data(), seen_end_.data(), rows_,
                    cols_, dv);
   if (full_ || q_finite_)
     tile_product(kKeys, d_, kRows, dst_parts_.data(), kRows, 2, kPair, q_b_.data(), dk, d_, true);
   else
-    visible_by_key(dst_.data(), q_.data(), d_, seen_begin_.data(), seen_end_.data(), rows_, cols_,
+    visible_by_key(dst_parts_.data(), q_.data(), d_, seen_begin_.data(), seen_end_.data(), rows_, cols_,
                    dk);
 }
 
@@ -278,8 +304,8 @@ void AmxBackwardBlocks::add_dq(float* dq) {
   for (int i = 0; i < rows_; ++i) {  // the cut block's visible pairs, K holding NaN or Inf
     float* dq_row = dq + static_cast<std::int64_t>(i) * d_;
     for (int j = seen_begin_[i]; j < seen_end_[i]; ++j) {
-      const float x = ds_[static_cast<std::int64_t>(i) * kKeys + j];
-      const std::uint16_t* k_row = k_.data() + static_cast<std::int64_t>(j) * d_;
+      const float x = part_sum(ds_parts_.data(), static_cast<std::int64_t>(i) * kKeys + j);
+      const std::uint16_t* k_row = k_rows_ + j * ldk_;
       for (int e = 0; e < d_; ++e) dq_row[e] += x * bf16_to_float(k_row[e]);
     }
   }

@@ -17,9 +17,9 @@ namespace flashcpp::detail::cpu {
 // run-time check and FLASHCPP_CPU_KERNEL choice).
 bool amx_backward_usable(const BackwardParams& params);
 
-// One thread's buffers and steps. Use inside a TileScope (amx_tiles.hpp). Memory: about
-// 2 * (4 * 64 * (D + Dv) + 2 * 128 * D + 128 * Dv + 6 * 64 * 128) + 4 * 3 * 64 * 128 bytes,
-// 0.39 MiB at D = Dv = 128.
+// One thread's buffers and steps. Use inside a TileScope (amx_tiles.hpp). Memory:
+// 2 * (3 * 64 * (D + Dv) + 128 * (2 * D + Dv) + 6 * 64 * 128) + 4 * 2 * 64 * 128 bytes,
+// 0.34 MiB at D = Dv = 128.
 class AmxBackwardBlocks {
  public:
   static constexpr int kRows = 64;   // query rows per block
@@ -52,11 +52,15 @@ class AmxBackwardBlocks {
   std::vector<std::uint16_t> q_t_, dout_t_;        // Q^T, dO^T as tile B
   std::vector<std::uint16_t> q_b_, dout_b_;        // Q, dO as tile B
   std::vector<std::uint16_t> k_, v_;               // [kKeys][D], [kKeys][Dv], zero padded
+  const std::uint16_t* k_rows_ = nullptr;          // the block's K rows: in place or k_
+  const std::uint16_t* v_rows_ = nullptr;
+  std::int64_t ldk_ = 0, ldv_ = 0;
   std::vector<std::uint16_t> k_b_;                 // K as tile B
   std::vector<float> lse_, delta_;                 // [kRows]
   std::vector<std::int32_t> seen_begin_, seen_end_;  // per row: visible keys of the block
-  std::vector<float> pt_, dst_, ds_;               // P^T, dS^T [kKeys][kRows]; dS [kRows][kKeys]
-  std::vector<std::uint16_t> pt_parts_, dst_parts_, ds_parts_;  // bf16 high, low parts
+  std::vector<float> st_, dst_;                    // S^T, then dP^T and dS^T: [kKeys][kRows]
+  // P^T, dS^T ([kKeys][kRows]) and dS ([kRows][kKeys]) as bf16 high parts, then low parts
+  std::vector<std::uint16_t> pt_parts_, dst_parts_, ds_parts_;
 };
 
 }  // namespace flashcpp::detail::cpu

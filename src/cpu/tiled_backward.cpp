@@ -464,4 +464,8 @@ void tiled_backward(const BackwardParams& p) {
     walk_pairs<Fp32Blocks>(problem);
 }
 
+const char* tiled_backward_kernel_name(const BackwardParams& params) {
+  return amx_backward_usable(params) ? "cpu_tiled_amx" : tiled_kernel_name(nullptr);
+}
+
 }  // namespace flashcpp::detail::cpu
