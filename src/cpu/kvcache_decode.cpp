@@ -143,27 +143,68 @@ void accumulate_rows(float* o, std::int64_t ldo, const float* scale, const float
   }
 }
 
+// Lane t of the result: the sum of the 16 lanes of v[t]. A tree of in-lane and cross-lane
+// shuffles: 16 separate horizontal sums took about 40% of the decode's time (1 thread, L 16k).
+inline __m512 sum_lanes_16(__m512 v[16]) {
+  __m512 x[8], y[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (v2i, v2i+1) sums of lanes {0,2}, {1,3}
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the lane sums of v4i .. v4i+3
+    y[i] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]))));
+  // Add the four 128-bit lanes: [y0, y1] and [y2, y3] halve, then once more.
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88),
+                                   _mm512_shuffle_f32x4(y[0], y[1], 0xdd));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88),
+                                   _mm512_shuffle_f32x4(y[2], y[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xdd));
+}
+
+// q . k of one cache row, as 16 partial sums, q as bf16 pairs.
+template <int kChunks>
+inline __m512 dot_bf16(const __m512i q_pairs[kChunks], const std::uint16_t* k) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int c = 0; c < kChunks; c += 2) {
+    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)q_pairs[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+    if (c + 1 < kChunks)
+      acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)q_pairs[c + 1],
+                              (__m512bh)_mm512_loadu_si512(k + 32 * c + 32));
+  }
+  return _mm512_add_ps(acc0, acc1);
+}
+
 // bf16 caches on CPUs with AVX512-BF16: scores straight from the cache rows with vdpbf16ps
 // (exact products, fp32 sums), no conversion of K. s[j] = alpha * q . k[j] for j in [lo, hi);
-// returns the max (NaN scores left out of it). q holds the row's raw bf16 elements.
+// returns the max (NaN scores left out of it). q holds the row's raw bf16 elements. 16 keys
+// at a time share one horizontal sum.
 template <int kChunks>
 float scores_bf16(const std::uint16_t* q, const std::uint16_t* cache, const std::int64_t* rows,
                   int lo, int hi, float alpha, float softcap_log2, float* s) {
   __m512i q_pairs[kChunks];
 #pragma GCC unroll 8
   for (int c = 0; c < kChunks; ++c) q_pairs[c] = _mm512_loadu_si512(q + 32 * c);
-  float max = kMinusInf;
-  for (int j = lo; j < hi; ++j) {
-    const std::uint16_t* k = cache + rows[j];
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int c = 0; c < kChunks; c += 2) {
-      acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)q_pairs[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
-      if (c + 1 < kChunks)
-        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)q_pairs[c + 1],
-                                (__m512bh)_mm512_loadu_si512(k + 32 * c + 32));
+  const __m512 scale = _mm512_set1_ps(alpha);
+  __m512 max16 = _mm512_set1_ps(kMinusInf);
+  int j = lo;
+  for (; j + 16 <= hi; j += 16) {
+    __m512 partial[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) partial[t] = dot_bf16<kChunks>(q_pairs, cache + rows[j + t]);
+    __m512 x = _mm512_mul_ps(sum_lanes_16(partial), scale);
+    if (softcap_log2 > 0) {
+      _mm512_storeu_ps(s + j, x);
+      for (int t = 0; t < 16; ++t) s[j + t] = softcap_log2 * std::tanh(s[j + t]);
+      x = _mm512_loadu_ps(s + j);
     }
-    float x = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * alpha;
+    _mm512_storeu_ps(s + j, x);
+    max16 = _mm512_max_ps(x, max16);  // returns max16 where x is NaN
+  }
+  float max = _mm512_reduce_max_ps(max16);
+  for (; j < hi; ++j) {
+    float x = _mm512_reduce_add_ps(dot_bf16<kChunks>(q_pairs, cache + rows[j])) * alpha;
     if (softcap_log2 > 0) x = softcap_log2 * std::tanh(x);
     s[j] = x;
     max = x > max ? x : max;
