@@ -1,8 +1,9 @@
 // The bf16 backward's pair step on AMX. Scores are held transposed, S^T[key][row], so that the
 // softmax gradient runs with 16 query rows in the lanes (their lse and D are vectors) and P^T,
 // dS^T come out row-major, which is what tile A wants for dV += P^T dO and dK += dS^T Q.
-//   - S^T = K Q^T and dP^T = V dO^T: A = K, V rows (bf16, dense copies), B = Q^T, dO^T packed
-//     once per query block; both products are exact in bf16 with fp32 sums.
+//   - S^T = K Q^T and dP^T = V dO^T: A = K, V rows read in place (a short last block from
+//     zero-padded copies; copying every block was 10% slower), B = Q^T, dO^T packed once per
+//     query block; both products are exact in bf16 with fp32 sums.
 //   - P and dS are fp32; each enters its products as two bf16 parts, high and low (as the AMX
 //     forward does with P): one rounding to bf16, as GPU kernels do, loses 2^-9 of P and dS,
 //     far outside the fp32-accumulation bounds of the tests; with both parts the error is
