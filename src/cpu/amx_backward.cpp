@@ -173,7 +173,7 @@ bool amx_backward_usable(const BackwardParams& p) {
   return amx_forward_usable(p) && !(p.softcap > 0);
 }
 
-AmxBackwardBlocks::AmxBackwardBlocks(int head_dim, int head_dim_v)
+AmxBackwardBlocks::AmxBackwardBlocks(int head_dim, int head_dim_v, std::int64_t cached_keys)
     : d_(head_dim),
       dv_(head_dim_v),
       q_(static_cast<std::size_t>(kRows) * head_dim),
@@ -185,6 +185,8 @@ AmxBackwardBlocks::AmxBackwardBlocks(int head_dim, int head_dim_v)
       k_(static_cast<std::size_t>(kKeys) * head_dim),
       v_(static_cast<std::size_t>(kKeys) * head_dim_v),
       k_b_(k_.size()),
+      k_cache_(static_cast<std::size_t>((cached_keys + kKeys - 1) / kKeys * kKeys) * head_dim),
+      k_cache_finite_(static_cast<std::size_t>((cached_keys + kKeys - 1) / kKeys)),
       lse_(kRows),
       delta_(kRows),
       seen_begin_(kRows),
@@ -215,6 +217,17 @@ void AmxBackwardBlocks::load_queries(const BackwardParams& p, const Sequence& se
   }
 }
 
+void AmxBackwardBlocks::cache_keys(const BackwardParams& p, const Sequence& seq, int kv_head) {
+  cached_ = false;
+  for (std::int64_t c0 = 0; c0 < seq.nk; c0 += kKeys) {
+    const int cols = static_cast<int>(std::min<std::int64_t>(kKeys, seq.nk - c0));
+    load_keys(p, seq, kv_head, c0, cols);
+    std::memcpy(k_cache_.data() + c0 * d_, k_b_.data(), sizeof(std::uint16_t) * kKeys * d_);
+    k_cache_finite_[c0 / kKeys] = k_finite_;
+  }
+  cached_ = true;
+}
+
 void AmxBackwardBlocks::load_keys(const BackwardParams& p, const Sequence& seq, int kv_head,
                                   std::int64_t c0, int cols) {
   c0_ = c0;
@@ -234,7 +247,13 @@ void AmxBackwardBlocks::load_keys(const BackwardParams& p, const Sequence& seq, 
     ldk_ = d_;
     ldv_ = dv_;
   }
+  if (cached_) {
+    k_b_block_ = k_cache_.data() + c0 * d_;
+    k_finite_ = k_cache_finite_[c0 / kKeys] != 0;
+    return;
+  }
   k_finite_ = pack_b(k_rows_, ldk_, kKeys, d_, kKeys, k_b_.data());
+  k_b_block_ = k_b_.data();
 }
 
 void AmxBackwardBlocks::gradients(const BlockMask& mask, float alpha, float scale) {
@@ -299,7 +318,7 @@ void AmxBackwardBlocks::add_dv_dk(float* dv, float* dk) {
 
 void AmxBackwardBlocks::add_dq(float* dq) {
   if (full_ || k_finite_) {
-    tile_product(kRows, d_, kKeys, ds_parts_.data(), kKeys, 2, kPair, k_b_.data(), dq, d_, true);
+    tile_product(kRows, d_, kKeys, ds_parts_.data(), kKeys, 2, kPair, k_b_block_, dq, d_, true);
     return;
   }
   for (int i = 0; i < rows_; ++i) {  // the cut block's visible pairs, K holding NaN or Inf

@@ -19,13 +19,18 @@ bool amx_backward_usable(const BackwardParams& params);
 
 // One thread's buffers and steps. Use inside a TileScope (amx_tiles.hpp). Memory:
 // 2 * (3 * 64 * (D + Dv) + 128 * (2 * D + Dv) + 6 * 64 * 128) + 4 * 2 * 64 * 128 bytes,
-// 0.34 MiB at D = Dv = 128.
+// 0.34 MiB at D = Dv = 128, plus 2 * D * cached_keys (rounded up to 128).
 class AmxBackwardBlocks {
  public:
   static constexpr int kRows = 64;   // query rows per block
   static constexpr int kKeys = 128;  // keys per block
 
-  AmxBackwardBlocks(int head_dim, int head_dim_v);
+  // `cached_keys`: room for the packed K of a sequence that long (cache_keys), else 0.
+  AmxBackwardBlocks(int head_dim, int head_dim_v, std::int64_t cached_keys);
+
+  // Packs K of all keys of `kv_head` (at most cached_keys) once, for the load_keys calls that
+  // follow until the next cache_keys: the fused walk meets each key block once per query block.
+  void cache_keys(const BackwardParams& p, const Sequence& seq, int kv_head);
 
   // Query rows [r0, r0 + rows) of `head` (rows <= kRows), with their lse (log2 units) and
   // D = rowsum(dO * O).
@@ -56,6 +61,10 @@ class AmxBackwardBlocks {
   const std::uint16_t* v_rows_ = nullptr;
   std::int64_t ldk_ = 0, ldv_ = 0;
   std::vector<std::uint16_t> k_b_;                 // K as tile B
+  std::vector<std::uint16_t> k_cache_;             // K as tile B, per key block of a sequence
+  std::vector<char> k_cache_finite_;               // per cached block
+  bool cached_ = false;
+  const std::uint16_t* k_b_block_ = nullptr;       // the loaded block's: k_b_ or in k_cache_
   std::vector<float> lse_, delta_;                 // [kRows]
   std::vector<std::int32_t> seen_begin_, seen_end_;  // per row: visible keys of the block
   std::vector<float> st_, dst_;                    // S^T, then dP^T and dS^T: [kKeys][kRows]

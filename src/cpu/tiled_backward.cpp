@@ -276,8 +276,10 @@ void store_key_rows(void* base, ElementType type, const Strides& stride, const S
 // converted to fp32 as they are loaded.
 class Fp32Blocks {
  public:
-  explicit Fp32Blocks(const Problem& pr)
+  Fp32Blocks(const Problem& pr, std::int64_t /*cached_keys*/)
       : pr_(pr), w_(pr.params.dtype, pr.params.head_dim, pr.params.head_dim_v) {}
+
+  void cache_keys(const Sequence&, int) {}  // the fp32 products read K in place
 
   void load_queries(const Sequence& seq, int head, std::int64_t r0, int rows) {
     load_query_block(pr_, seq, head, r0, rows, w_);
@@ -319,8 +321,12 @@ class Fp32Blocks {
 // The pair step on AMX tiles (bf16; amx_backward.cpp).
 class AmxBlocks {
  public:
-  explicit AmxBlocks(const Problem& pr)
-      : pr_(pr), blocks_(pr.params.head_dim, pr.params.head_dim_v) {}
+  AmxBlocks(const Problem& pr, std::int64_t cached_keys)
+      : pr_(pr), blocks_(pr.params.head_dim, pr.params.head_dim_v, cached_keys) {}
+
+  void cache_keys(const Sequence& seq, int kv_head) {
+    blocks_.cache_keys(pr_.params, seq, kv_head);
+  }
 
   void load_queries(const Sequence& seq, int head, std::int64_t r0, int rows) {
     blocks_.load_queries(pr_.params, seq, head, r0, rows, pr_.stats.lse_log2(seq, head) + r0,
@@ -420,6 +426,7 @@ void fused_task(const Problem& pr, const Sequence& seq, int kv_head, Blocks& blo
   std::fill(acc.dk.begin(), acc.dk.end(), 0.0f);
   std::fill(acc.dv.begin(), acc.dv.end(), 0.0f);
   const BlockMask mask(seq.nq, seq.nk, p.window_left, p.window_right);
+  blocks.cache_keys(seq, kv_head);
 
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     for (std::int64_t r0 = 0; r0 < seq.nq; r0 += kBlockM) {
@@ -455,7 +462,7 @@ void walk_pairs(const Problem& problem) {
     for (int b = 0; b < p.batch; ++b) max_nk = std::max(max_nk, sequence_of(p, b).nk);
 #pragma omp parallel
     {
-      Blocks blocks(problem);
+      Blocks blocks(problem, max_nk);
       Accumulators acc(p, max_nk);
 #pragma omp for schedule(dynamic)
       for (std::int64_t t = 0; t < fused_tasks; ++t) {
@@ -471,7 +478,7 @@ void walk_pairs(const Problem& problem) {
   const std::int64_t q_tasks = std::int64_t{p.batch} * p.heads_q * query_blocks;
 #pragma omp parallel
   {
-    Blocks blocks(problem);
+    Blocks blocks(problem, 0);
     Accumulators acc(p, kBlockN);
     // nowait: pass 2 does not read what pass 1 writes.
 #pragma omp for schedule(dynamic) nowait
