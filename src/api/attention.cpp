@@ -94,7 +94,7 @@ RunInfo run_backward(const detail::BackwardTensors& tensors, const AttentionOpti
       detail::cpu::clear_varlen_tails(params, tensors.forward.q.shape[0],
                                       tensors.forward.k.shape[0]);
     if (reference) return {Backend::cpu_reference, "cpu_reference_f64", 1};
-    return {Backend::cpu, detail::cpu::tiled_kernel_name(nullptr), 1};
+    return {Backend::cpu, detail::cpu::tiled_backward_kernel_name(params), 1};
   }
 #ifdef FLASHCPP_WITH_CUDA
   return detail::cuda::run_backward(detail::cuda::plan_backward(params, family), params, stream,

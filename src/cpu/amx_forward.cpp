@@ -13,12 +13,9 @@
 
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cpuid.h>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cpu/amx_tiles.hpp"
 #include "cpu/avx512_forward.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
@@ -65,87 +63,10 @@ struct Workspace {
   std::vector<float> m, l;       // running row max (log2 domain, scaled) and sum
 };
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-// Transposes 16 rows of 16 32-bit words in place: r[i] word j -> r[j] word i.
-void transpose_16x16(__m512i r[16]) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // b[4g + c], lane L: column 4L + c of rows 4g .. 4g + 3.
-  for (int g = 0; g < 4; ++g) {
-    b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-    b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-    b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-    b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i s0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-    const __m512i s1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xee);
-    const __m512i s2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-    const __m512i s3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xee);
-    r[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
-    r[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
-  }
-}
-
-// K rows [0, cols) of the block (bf16, row stride ldk elements) as tile B of S = Q K^T: for
-// each 16 keys, [D / 2][16] words; keys past cols are 0.
-void pack_keys(const std::uint16_t* k, std::int64_t ldk, int cols, int d, std::uint16_t* out) {
-  for (int c0 = 0; c0 < cols; c0 += 16) {
-    std::uint32_t* chunk = reinterpret_cast<std::uint32_t*>(out) + std::int64_t{c0} * (d / 2);
-    for (int w0 = 0; w0 < d / 2; w0 += 16) {
-      __m512i r[16];
-      for (int j = 0; j < 16; ++j)
-        r[j] = c0 + j < cols ? _mm512_loadu_si512(k + (c0 + j) * ldk + 2 * w0)
-                             : _mm512_setzero_si512();
-      transpose_16x16(r);
-      for (int w = 0; w < 16; ++w) _mm512_storeu_si512(chunk + (w0 + w) * 16, r[w]);
-    }
-  }
-}
-
-// V rows [0, cols) as tile B of O += P V: for each 16 columns, [keys / 2][16] pairs
-// (V[2q][c], V[2q + 1][c]); rows past cols are 0. Returns whether every element is finite.
-bool pack_values(const std::uint16_t* v, std::int64_t ldv, int cols, int dv, int keys,
-                 std::uint16_t* out) {
-  const __m512i interleave = _mm512_set_epi16(
-      47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4,
-      35, 3, 34, 2, 33, 1, 32, 0);
-  const __m256i exponent = _mm256_set1_epi16(0x7f80);
-  __mmask16 bad = 0;
-  for (int q = 0; q < keys / 2; ++q) {
-    for (int c = 0; c < dv; c += 16) {
-      const __m256i a = 2 * q < cols ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                           v + 2 * q * ldv + c))
-                                     : _mm256_setzero_si256();
-      const __m256i b = 2 * q + 1 < cols ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                               v + (2 * q + 1) * ldv + c))
-                                         : _mm256_setzero_si256();
-      bad |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(a, exponent), exponent);
-      bad |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exponent), exponent);
-      const __m512i pairs = _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), interleave,
-                                                      _mm512_castsi256_si512(b));
-      _mm512_storeu_si512(out + (std::int64_t{c} * (keys / 2) + q * 16) * 2, pairs);
-    }
-  }
-  return bad == 0;
-}
 
 // S[32][keys lo..hi) (32-aligned) of one strip = Q K^T, unscaled.
 void strip_scores(const std::uint16_t* q, int d, const std::uint16_t* k_packed, int lo, int hi,
@@ -293,9 +214,10 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
   const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
   for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockKeys) {
     const int cols = static_cast<int>(std::min<std::int64_t>(kBlockKeys, span.end - c0));
-    pack_keys(k_in + k_offset(p.k_stride, seq, c0, kv_head), p.k_stride.row, cols, d, w.k.data());
-    const bool v_finite = pack_values(v_in + k_offset(p.v_stride, seq, c0, kv_head),
-                                      p.v_stride.row, cols, dv, kBlockKeys, w.v.data());
+    pack_transposed_b(k_in + k_offset(p.k_stride, seq, c0, kv_head), p.k_stride.row, cols, d,
+                      w.k.data());
+    const bool v_finite = pack_b(v_in + k_offset(p.v_stride, seq, c0, kv_head), p.v_stride.row,
+                                 cols, dv, kBlockKeys, w.v.data());
     for (int st = 0; st < strips; ++st) {
       const std::int64_t row0 = r0 + st * kStrip;
       const int strip_rows = static_cast<int>(std::min<std::int64_t>(kStrip, r0 + rows - row0));
@@ -349,35 +271,8 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
   store_finished_rows(p, seq, head, r0, rows, w.o.data(), w.m.data(), w.l.data());
 }
 
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
-  // GCC 12 treats ldtilecfg as reading only the first bytes and drops the stores above
-  // without this barrier.
-  asm volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
-}
-
-void release_tiles() { _tile_release(); }
-
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
-
-// AMX-TILE and AMX-BF16 in CPUID, AVX-512 BF16 too, and the kernel's permission for this
-// process to use the tile data state (Linux asks for it once per process).
-bool amx_present() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
-  if (!tile || !bf16) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1u)) return false;  // AVX512_BF16
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
 
 }  // namespace
 
@@ -402,7 +297,7 @@ void amx_forward(const ForwardParams& p) {
 #pragma omp parallel
   {
     Workspace w(p.head_dim, p.head_dim_v);
-    configure_tiles();  // the tile configuration is per thread
+    const TileScope tiles;
 #pragma omp for schedule(dynamic)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const int head = static_cast<int>(t / blocks_per_head % p.heads_q);
@@ -412,7 +307,6 @@ void amx_forward(const ForwardParams& p) {
       forward_task(p, seq, head, r0,
                    static_cast<int>(std::min<std::int64_t>(task_rows, seq.nq - r0)), w);
     }
-    release_tiles();
   }
 }
 

@@ -32,8 +32,12 @@ void clear_varlen_tails(const BackwardParams& params, std::int64_t rows_q, std::
 void kvcache_forward(const KVCacheParams& params, bool reference);
 
 // Name of the kernel tiled_forward runs for `forward` ("cpu_tiled_amx", "cpu_tiled_avx512",
-// "cpu_tiled_openblas", ...), or tiled_backward runs when `forward` is null (its block products
-// on AVX-512: "cpu_tiled_avx512", else "cpu_tiled_openblas").
+// "cpu_tiled_openblas", ...), or tiled_backward's fp32 block products when `forward` is null
+// ("cpu_tiled_avx512", else "cpu_tiled_openblas").
 const char* tiled_kernel_name(const ForwardParams* forward);
+
+// Name of what tiled_backward runs for `params`: "cpu_tiled_amx" (bf16 on AMX tiles), else as
+// tiled_kernel_name(nullptr).
+const char* tiled_backward_kernel_name(const BackwardParams& params);
 
 }  // namespace flashcpp::detail::cpu

@@ -1,17 +1,27 @@
 #include "cpu/fp32_rows.hpp"
 
+#include <algorithm>
+
 #include "common/half.hpp"
 
 namespace flashcpp::detail::cpu {
 
-Fp32Rows::Fp32Rows(ElementType type, int max_rows, int dim)
-    : buffer_(type == ElementType::fp32 ? 0 : static_cast<std::size_t>(max_rows) * dim) {}
+Fp32Rows::Fp32Rows(ElementType, int max_rows, int dim)
+    : buffer_(static_cast<std::size_t>(max_rows) * dim) {}
 
 void Fp32Rows::load(const void* base, ElementType type, std::int64_t first, std::int64_t ld,
                     int rows, int dim) {
   if (type == ElementType::fp32) {
-    data_ = static_cast<const float*>(base) + first;
-    ld_ = ld;
+    const float* src = static_cast<const float*>(base) + first;
+    if (ld % 1024 != 0 || rows == 1) {
+      data_ = src;
+      ld_ = ld;
+      return;
+    }
+    for (int i = 0; i < rows; ++i)
+      std::copy_n(src + i * ld, dim, buffer_.data() + static_cast<std::int64_t>(i) * dim);
+    data_ = buffer_.data();
+    ld_ = dim;
     return;
   }
   const auto* src = static_cast<const std::uint16_t*>(base) + first;

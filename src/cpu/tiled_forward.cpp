@@ -105,7 +105,7 @@ void forward_block(const ForwardParams& p, const Inputs& in, const Sequence& seq
     block_scores(in.q.q_row(seq, r0, head), in.q.ld(), in.k.k_row(seq, c0, kv_head), in.k.ld(),
                  p.head_dim, transform, mask, r0, rows, c0, cols, w.s.data(), nullptr);
     online_softmax<kTrackNaN>(w.s.data(), rows, cols, w.m.data(), w.l.data(), w.o.data(), dv);
-    visible_product(mask, r0, rows, c0, cols, dv, 1.0f, w.s.data(), cols,
+    visible_product(mask, r0, rows, c0, cols, dv, 1.0f, Op::none, w.s.data(), cols,
                     in.v.k_row(seq, c0, kv_head), in.v.ld(), w.o.data(), dv);
   }
 

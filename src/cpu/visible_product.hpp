@@ -9,20 +9,25 @@
 // visible pairs.
 #include <cstdint>
 
+#include "cpu/block_gemm.hpp"
 #include "cpu/block_mask.hpp"
 
 namespace flashcpp::detail::cpu {
 
+// In both, A is [rows][cols] (row i, key j): `a` holds A (op_a none, A[i, j] = a[i * lda + j])
+// or its transpose (op_a transpose, A[i, j] = a[j * lda + i]).
+
 // C[i, :] += alpha * sum over the keys j of [c0, c0 + cols) that row r0 + i sees of
 // A[i, j - c0] * B[j - c0, :], for rows i < rows; B rows have n columns.
 void visible_product(const BlockMask& mask, std::int64_t r0, int rows, std::int64_t c0, int cols,
-                     int n, float alpha, const float* a, std::int64_t lda, const float* b,
-                     std::int64_t ldb, float* c, std::int64_t ldc);
+                     int n, float alpha, Op op_a, const float* a, std::int64_t lda,
+                     const float* b, std::int64_t ldb, float* c, std::int64_t ldc);
 
 // C[j, :] += alpha * sum over the rows i of [r0, r0 + rows) that see key c0 + j of
 // A[i, j] * B[i, :], for keys j < cols; B rows have n columns.
 void visible_product_by_key(const BlockMask& mask, std::int64_t r0, int rows, std::int64_t c0,
-                            int cols, int n, float alpha, const float* a, std::int64_t lda,
-                            const float* b, std::int64_t ldb, float* c, std::int64_t ldc);
+                            int cols, int n, float alpha, Op op_a, const float* a,
+                            std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                            std::int64_t ldc);
 
 }  // namespace flashcpp::detail::cpu
