@@ -106,10 +106,21 @@ PADDED = (None, None, 0, 0)
 # The caller makes the call's device current. Each records its RunInfo for last_run_info().
 
 
+# (q_descale, k_descale, v_descale): fp8_e4m3 inputs' factors, each None (1) or float32 [B, Hkv]
+# or [1] on the inputs' device.
+NO_DESCALES = (None, None, None)
+
+
+def _descale_kwargs(descales: Tuple) -> dict:
+    q_descale, k_descale, v_descale = descales
+    return dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
 def forward(q, k, v, out, lse, varlen: Tuple, options: dict, stream: int,
-            allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+            allocate: Optional[Callable[[int], Any]], descales: Tuple = NO_DESCALES) -> RunInfo:
     """Writes out (and lse unless None)."""
-    return _launch(True, (q, k, v, out, lse), q, k, v, varlen, options, stream, allocate)
+    return _launch(True, (q, k, v, out, lse), q, k, v, varlen, options, stream, allocate,
+                   _descale_kwargs(descales))
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, stream: int,
@@ -119,7 +130,8 @@ def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, 
                    stream, allocate)
 
 
-def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> RunInfo:
+def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate,
+            descales: Optional[dict] = None) -> RunInfo:
     cu_q, cu_k, max_q, max_k = varlen
     shape = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int32(max_q, "max_seqlen_q"),
                  max_seqlen_k=int32(max_k, "max_seqlen_k"))
@@ -130,7 +142,8 @@ def _launch(is_forward, tensors, q, k, v, varlen, options, stream, allocate) -> 
         if nbytes:
             workspace = allocate(nbytes)
     native = _C.forward if is_forward else _C.backward
-    return _record(native(*tensors, **shape, **options, stream=stream, workspace=workspace))
+    return _record(native(*tensors, **shape, **options, **(descales or {}), stream=stream,
+                          workspace=workspace))
 
 
 def cache_capacity(k_cache_shape: Tuple[Any, ...],
@@ -146,13 +159,15 @@ def cache_capacity(k_cache_shape: Tuple[Any, ...],
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k_new,
                            v_new, options: dict, stream: int,
-                           allocate: Optional[Callable[[int], Any]]) -> RunInfo:
+                           allocate: Optional[Callable[[int], Any]],
+                           descales: Tuple = NO_DESCALES) -> RunInfo:
     """Appends k_new and v_new into the caches (when given), writes out (and lse unless None).
 
     The workspace is sized by the call's plan, which depends on the shapes and options only, so
     a CUDA graph can replay the call with new lengths and block-table contents."""
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, out=out,
-                   block_table=block_table, k_new=k_new, v_new=v_new, lse=lse)
+                   block_table=block_table, k_new=k_new, v_new=v_new, lse=lse,
+                   **_descale_kwargs(descales))
     workspace = None
     if allocate is not None:
         nbytes = _C.plan_kvcache(**tensors, **options)[3]
