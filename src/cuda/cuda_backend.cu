@@ -309,6 +309,10 @@ int device_count() {
 }
 
 Plan plan_forward(const ForwardParams& params, Backend requested) {
+  // Validation refuses these first; no forward kernel here reads fp8 (they would read bytes
+  // as 16-bit elements).
+  if (params.fp8_inputs())
+    throw Error("cuda forward: fp8_e4m3 inputs are not supported by the cuda forward yet");
   const DeviceInfo& dev = checked_device(params.device, requested);
   if (requested == Backend::cuda_sm90 && !sm90::any_fwd_built())
     throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
@@ -336,7 +340,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
   plan.kernel_index = int(&k - sm80::kDecodeKernels);
   plan.splits_optional = params.num_splits <= 0;
   plan.num_splits = plan.splits_optional
-                        ? sm80::decode_splits(params, decode_tile(k.head_dim), dev.sm_count)
+                        ? sm80::decode_splits(params, sm80::decode_tile_of(k), dev.sm_count)
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);

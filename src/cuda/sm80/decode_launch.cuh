@@ -16,15 +16,16 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
-template <class Element, int kHeadDim>
+// Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
+template <class Element, int kHeadDim, class Cache = Element>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
-  using Traits = DecodeTraits<Element, kHeadDim>;
+  using Traits = DecodeTraits<Element, kHeadDim, Cache>;
   const KVCacheParams& p = kp.p;
   if (p.appends()) {
     const std::int64_t rows = std::int64_t(p.batch) * p.seqlen_q * p.heads_kv;
     const std::int64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
     if (blocks > INT_MAX) throw Error("k_new: " + std::to_string(rows) + " rows exceed the append's grid");
-    kvcache_append_kernel<Element><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
+    kvcache_append_kernel<Element, Cache><<<unsigned(blocks), kAppendWarps * 32, 0, stream>>>(kp);
     FLASHCPP_CUDA_CHECK(cudaGetLastError());
   }
   const bool softcap = kp.softcap_in_scale != 0.f, paged = p.paged();
