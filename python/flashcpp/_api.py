@@ -238,7 +238,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     descales = (q_descale, k_descale, v_descale)
     fw = framework_of(q)
     ops = fw.autograd_ops(q, k_cache, v_cache)
-    _check_descales_eager(ops, descales)
+    if ops is not None and q_descale is not None:
+        raise _native.Error("q_descale: given, but q is not fp8_e4m3 (the KV cache takes 16-bit "
+                            "queries)")
     if ops is not None:
         if out is not None or stream is not None:
             raise ValueError("out= and stream= are not supported under torch.compile or with "
@@ -248,7 +250,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
             q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, return_softmax_lse=return_softmax_lse, num_splits=num_splits,
-            backend=backend)
+            backend=backend, k_descale=k_descale, v_descale=v_descale)
     q_shape, cache_shape = shape_of(q, "q"), shape_of(k_cache, "k_cache")
     v_shape = shape_of(v_cache, "v_cache")
     if cache_seqlens is None or isinstance(cache_seqlens, numbers.Integral):

@@ -42,7 +42,6 @@ struct ForwardParams {
   ElementType dtype = ElementType::fp32;
   ElementType q_dtype = ElementType::fp32;
   ElementType kv_dtype = ElementType::fp32;
-  Descale q_descale, k_descale, v_descale;  // fp8 inputs: q * q_descale etc.
 
   int batch = 0;
   int heads_q = 0;
@@ -73,6 +72,10 @@ struct ForwardParams {
 
   int device = 0;      // CUDA ordinal
   int num_splits = 0;  // 0: heuristic
+
+  // fp8 inputs: q * q_descale, k * k_descale, v * v_descale (last: the fields above keep the
+  // offsets the kernels were tuned with).
+  Descale q_descale, k_descale, v_descale;
 
   FLASHCPP_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
   FLASHCPP_HOST_DEVICE bool fp8_inputs() const {

@@ -146,3 +146,26 @@ def test_kvcache_fp8_on_cpu(page_size):
 def test_kvcache_fp8_on_cuda(page_size):
     run_kvcache("cuda", page_size)
     assert flashcpp.last_run_info().backend.startswith("cuda")
+
+
+def test_kvcache_fp8_through_the_custom_ops_on_cpu():
+    """flashcpp.torch's ops take the fp8 cache and its descales (what torch.compile and CUDA
+    graphs go through) and give the eager call's bits."""
+    import flashcpp.torch as fa
+
+    results = []
+    for call in (flashcpp.attention_with_kvcache, fa.attention_with_kvcache):
+        c = kvcache_case(16)
+        out = call(c["q"], c["k_cache"], c["v_cache"], c["k_new"], c["v_new"],
+                   cache_seqlens=torch.tensor(c["lens"], dtype=torch.int32),
+                   block_table=c["table"], causal=True, k_descale=c["k_descale"],
+                   v_descale=c["v_descale"])
+        results.append((out, c["k_cache"].view(torch.uint8)))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    c = kvcache_case(None)
+    options = (True, None, -1, -1, 0.0, 0, "auto", c["k_descale"], c["v_descale"])
+    lens = torch.tensor(c["lens"], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.flashcpp.attention_with_kvcache.default,
+                          (c["q"], c["k_cache"], c["v_cache"], lens, None, *options),
+                          test_utils=("test_faketensor",))  # test_schema multiplies fp8

@@ -94,18 +94,22 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   allow_dependent_launch();
 
   // fp8 caches: the descales of q . k fold into the score scale, v's into the normaliser.
-  float scale_log2 = kp.scale_log2, lse_scale = kp.lse_scale, softcap_in = kp.softcap_in_scale;
-  float out_factor = 1.f;
+  // 16-bit caches read the kernel parameters themselves (copies would take registers).
+  float fp8_scale_log2 = kp.scale_log2, fp8_lse_scale = kp.lse_scale;
+  float fp8_softcap_in = kp.softcap_in_scale, out_factor = 1.f;
   if constexpr (kFp8) {
     const float qk = p.q_descale.at(b, head_kv) * p.k_descale.at(b, head_kv);
     if constexpr (kSoftcap) {
-      softcap_in *= qk;
+      fp8_softcap_in *= qk;
     } else {
-      scale_log2 *= qk;
-      lse_scale *= qk;
+      fp8_scale_log2 *= qk;
+      fp8_lse_scale *= qk;
     }
     out_factor = p.v_descale.at(b, head_kv);
   }
+  const float& scale_log2 = kFp8 ? fp8_scale_log2 : kp.scale_log2;
+  const float& lse_scale = kFp8 ? fp8_lse_scale : kp.lse_scale;
+  const float& softcap_in = kFp8 ? fp8_softcap_in : kp.softcap_in_scale;
 
   // ---- scheduler: the key blocks of this CTA ----
   const int n_keys = kvcache_keys(p, b);
@@ -333,7 +337,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
           sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * scale_log2);
     }
     const bool empty = !(sum > 0.f);
-    row_scale[tid] = empty ? 0.f : out_factor / sum;
+    row_scale[tid] = empty ? 0.f : (kFp8 ? out_factor / sum : 1.f / sum);
     row_lse[tid] = empty ? -INFINITY : m * lse_scale + logf(sum);
   }
 #pragma unroll
