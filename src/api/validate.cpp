@@ -370,10 +370,6 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
 
   ForwardParams p;
   set_views(p, t.q, t.k, t.v, t.out, t.lse, heads_q, heads_kv, head_dim, head_dim_v, varlen);
-  const std::int64_t sequences = varlen ? t.cu_seqlens_q->shape[0] - 1 : batch;
-  p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, sequences, heads_kv);
-  p.k_descale = check_descale(options.descale.k, "k_descale", t.k, "k", t.q, sequences, heads_kv);
-  p.v_descale = check_descale(options.descale.v, "v_descale", t.v, "v", t.q, sequences, heads_kv);
   if (varlen) {
     const int batch_q = check_cu_seqlens(*t.cu_seqlens_q, "cu_seqlens_q", t.q, t.q.shape[0],
                                          t.max_seqlen_q, "max_seqlen_q", copies.cu_seqlens_q);
@@ -409,6 +405,10 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
       p.lse_head_stride = t.lse->stride[1];
     }
   }
+  // One factor per sequence (varlen: per cu_seqlens entry, checked above) and kv head.
+  p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, p.batch, heads_kv);
+  p.k_descale = check_descale(options.descale.k, "k_descale", t.k, "k", t.q, p.batch, heads_kv);
+  p.v_descale = check_descale(options.descale.v, "v_descale", t.v, "v", t.q, p.batch, heads_kv);
   apply_options(p, options, t.q);
   if (outputs == Outputs::given)
     check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
