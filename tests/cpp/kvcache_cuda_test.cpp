@@ -376,9 +376,12 @@ TEST_F(KvCacheCuda, Fp8CacheRefusals) {
 
 // A call captured in a CUDA graph replays with new lengths, block table and cache contents
 // (copied to the device outside the capture): the replay gives the new lengths' result.
-TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
+// fp8: the descales are device memory too, and the replay reads their new values.
+void check_graph_replay(bool fp8) {
   KvCase first = gpu_case({100, 0, 513, 64}, 1, 32, 4, 128, DType::bf16, 64);
   first.capacity = 1024;
+  first.fp8_cache = fp8;
+  first.descales = fp8 ? 2 : 0;
   KvCase second = first;
   second.lengths = {700, 3, 0, 1000};
   auto rng = test::test_rng();
@@ -441,6 +444,9 @@ TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
   cuda_ok(cudaGraphDestroy(graph));
   cuda_ok(cudaStreamDestroy(stream));
 }
+
+TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) { check_graph_replay(false); }
+TEST_F(KvCacheCuda, Fp8CacheGraphReplaysWithNewLengthsAndDescales) { check_graph_replay(true); }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
 
