@@ -8,6 +8,7 @@ copy bandwidth measured in the same process (docs/benchmarking.md, "Decode").
   python3 bench/decode_compare.py --quick       # two cells: B 8, L 1k and 16k
   python3 bench/decode_compare.py --nnew 1,4,16 --layouts contiguous,paged16,paged256
   python3 bench/decode_compare.py --no-graph    # each call timed on its own (host-bound cells)
+  python3 bench/decode_compare.py --dtype e4m3  # flashcpp over an fp8 (e4m3) cache
 
 Every row is timed as replays of a CUDA graph of its calls (--graph, the default), as an
 inference engine runs its decode steps; a row whose capture fails is timed per call (`p`).
@@ -64,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "always runs (the peers' layout and the paged rows' base)")
     p.add_argument("--impls", default=",".join(DECODE_IMPLS),
                    help=f"subset of {','.join(DECODE_IMPLS)}")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", G.FP8_CACHE), default="bf16",
+                   help="element type; e4m3: an fp8 KV cache with bf16 queries (flashcpp only: "
+                        "SDPA reads no fp8 cache), bytes counted at 1 per cached element")
     p.add_argument("--hq", type=int, default=G.DECODE_HQ, help="query heads (default 32)")
     p.add_argument("--hkv", type=int, default=G.DECODE_HKV, help="key/value heads (default 8)")
     p.add_argument("--head-dim", type=int, default=G.DECODE_HEAD_DIM, help="D (default 128)")
@@ -95,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     try:
         a.impl_list = G.parse_choice_list(a.impls, DECODE_IMPLS, "implementation")
+        if a.dtype == G.FP8_CACHE:
+            a.impl_list = [x for x in a.impl_list if x == "flashcpp"] or ["flashcpp"]
         layouts = G.parse_choice_list(a.layouts, G.LAYOUTS, "layout")
         a.layout_list = [G.CONTIGUOUS] + [x for x in layouts if x != G.CONTIGUOUS]
         batches = G.QUICK_DECODE_BATCHES if a.quick else G.DECODE_BATCHES

@@ -15,6 +15,18 @@ from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 TRAIN_MODES = ("fwd", "bwd", "fwd+bwd")
 BACKWARD_MODES = ("bwd", "fwd+bwd")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# The decode dtype "e4m3": an fp8 (e4m3) KV cache, bf16 queries and output (flashcpp only).
+FP8_CACHE = "e4m3"
+
+
+def kv_element_bytes(dtype: str) -> int:
+    """Bytes of one cached key or value element."""
+    return 1 if dtype == FP8_CACHE else DTYPE_BYTES[dtype]
+
+
+def query_element_bytes(dtype: str) -> int:
+    """Bytes of one query or output element."""
+    return 2 if dtype == FP8_CACHE else DTYPE_BYTES[dtype]
 LSE_BYTES = 4  # the log-sum-exp is float32 in every implementation we compare
 
 # The FlashAttention papers' training grid: 16k tokens per batch, hidden size 2048.
@@ -189,13 +201,14 @@ def mode_bytes(case: Case, mode: str) -> float:
 def kv_bytes(case: Case, kv_heads: int = 0) -> float:
     """K and V of every sequence: B x L x heads x D x 2 tensors x element size. kv_heads is what
     an implementation really reads (H for one that got K/V expanded); 0 means case.Hkv."""
-    return float(2 * case.B * case.Nk * (kv_heads or case.Hkv) * case.D * DTYPE_BYTES[case.dtype])
+    return float(2 * case.B * case.Nk * (kv_heads or case.Hkv) * case.D *
+                 kv_element_bytes(case.dtype))
 
 
 def decode_bytes(case: Case, kv_heads: int = 0) -> float:
     """Decode traffic: K and V read once (kv_bytes), Q read and O written. The block table of a
     paged cache (4 bytes per page) is left out: under 0.2% of a page of 16 rows."""
-    q = case.B * case.Nq * case.H * case.D * DTYPE_BYTES[case.dtype]
+    q = case.B * case.Nq * case.H * case.D * query_element_bytes(case.dtype)
     return kv_bytes(case, kv_heads) + 2.0 * q
 
 
@@ -212,7 +225,8 @@ def cache_bytes(case: Case, layout: str) -> float:
         return kv_bytes(case)
     n = pages_per_sequence(case.Nk, page)
     pool_rows = case.B * (n + 2) * page
-    return float(2 * pool_rows * case.Hkv * case.D * DTYPE_BYTES[case.dtype] + case.B * (n + 1) * 4)
+    return float(2 * pool_rows * case.Hkv * case.D * kv_element_bytes(case.dtype) +
+                 case.B * (n + 1) * 4)
 
 
 def reference_bytes(case: Case) -> float:

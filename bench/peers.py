@@ -38,7 +38,9 @@ class InputSet:
 
 def _torch_dtype(name: str):
     import torch  # noqa: PLC0415
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+    # e4m3 (decode): bf16 queries; make_decode_inputs stores the caches in fp8.
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+            "e4m3": torch.bfloat16}[name]
 
 
 def make_input_sets(case: Case, n_sets: int, seed: int = 0) -> List[InputSet]:
@@ -120,6 +122,10 @@ def make_decode_inputs(case: Case, layouts: Sequence[str], n_sets: int, seed: in
             table = torch.tensor(rows, dtype=torch.int32, device=device)
             paged[layout] = (_page_pool(k, table, page, num_pages),
                              _page_pool(v, table, page, num_pages), table)
+        if case.dtype == "e4m3":  # an fp8 cache: the same values rounded to e4m3 (NaN stays NaN)
+            fp8 = torch.float8_e4m3fn
+            k, v = k.to(fp8), v.to(fp8)
+            paged = {n: (kp.to(fp8), vp.to(fp8), t) for n, (kp, vp, t) in paged.items()}
         sets.append(DecodeInputSet(q, k, v, seqlens, paged))
     return sets
 

@@ -69,7 +69,7 @@ stage_sanitize() {
   # kernels and both backwards (sm80: atomic and deterministic dQ, varlen; sm90a: split by
   # keys at d64/d128, by head dim at d256; the KV-cache append, decode and combine; kernels
   # given device-side lengths beyond their buffers)
-  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel/*:CudaForward.BhsdStrides/*:CudaForward.RowsWithoutVisibleKeys*:CudaForwardSm80.SplitKvForced/*:CudaBackward.BhsdStrides/*:CudaBackward.UnseenRowsAndKeysGiveZero/*:CudaBackward.VarlenWithEmptySequences/*:CudaForward.VarlenWithEmptySequence/*:CudaHiddenKeys.NanInTheNextVarlenSequence/*:CudaBackwardSm90.ReportsBackendAndKernel/*:CudaBackwardSm90.GqaAndMqaHeadDim256/*:KvCacheCuda.ContiguousCache:KvCacheCuda.PagedCache:KvCacheCuda.EveryPageSize:KvCacheCuda.ForcedSplits:KvCacheCuda.ValueHeadDimDiffers:KvCacheCuda.Masks:KvCacheCuda.GraphReplaysWithNewLengths:CudaDeviceLengths.*}"
+  local filter="${SANITIZE_FILTER:-CudaForward.ReportsBackendAndKernel/*:CudaForward.BhsdStrides/*:CudaForward.RowsWithoutVisibleKeys*:CudaForwardSm80.SplitKvForced/*:CudaBackward.BhsdStrides/*:CudaBackward.UnseenRowsAndKeysGiveZero/*:CudaBackward.VarlenWithEmptySequences/*:CudaForward.VarlenWithEmptySequence/*:CudaHiddenKeys.NanInTheNextVarlenSequence/*:CudaBackwardSm90.ReportsBackendAndKernel/*:CudaBackwardSm90.GqaAndMqaHeadDim256/*:KvCacheCuda.ContiguousCache:KvCacheCuda.PagedCache:KvCacheCuda.EveryPageSize:KvCacheCuda.ForcedSplits:KvCacheCuda.ValueHeadDimDiffers:KvCacheCuda.Masks:KvCacheCuda.GraphReplaysWithNewLengths:KvCacheCuda.Fp8Cache:CudaDeviceLengths.*}"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filter" &&
     compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" --gtest_filter="$filter"
 }
@@ -81,7 +81,10 @@ stage_bench() {
 }
 
 stage_decode() {
-  PYTHONPATH="$root/$build/python" "$python" bench/decode_compare.py --out "$out/decode" ${DECODE_ARGS:-}
+  PYTHONPATH="$root/$build/python" "$python" bench/decode_compare.py --out "$out/decode" ${DECODE_ARGS:-} &&
+    # flashcpp over an fp8 (e4m3) cache, same grid
+    PYTHONPATH="$root/$build/python" "$python" bench/decode_compare.py --dtype e4m3 \
+      --out "$out/decode-e4m3" ${DECODE_ARGS:-}
 }
 
 stage_cp() {
@@ -121,7 +124,8 @@ done
 echo
 echo "==== summary ($out/summary.txt)"
 cat "$summary"
-for table in "$out/bench/table.txt" "$out/decode/table.txt" "$out/ladder/table.txt"; do
+for table in "$out/bench/table.txt" "$out/decode/table.txt" "$out/decode-e4m3/table.txt" \
+  "$out/ladder/table.txt"; do
   [[ -f $table ]] && { echo; cat "$table"; }
 done
 exit $failed

@@ -5,6 +5,8 @@
 
 namespace flashcpp {
 
+struct TensorView;
+
 // Which implementation runs a call. `automatic` picks the fastest one present for the
 // tensors' device: the CPU backend for CPU tensors; sm90 kernels on Hopper, sm80 kernels on
 // Ampere/Ada (and as the fallback for what sm90 does not cover) for CUDA tensors.
@@ -17,6 +19,18 @@ enum class Backend : std::uint8_t {
 };
 
 const char* backend_name(Backend backend);
+
+// Dequantisation factors of fp8_e4m3 inputs (FlashAttention-3's q_descale / k_descale /
+// v_descale): the call computes with q * q_descale, k * k_descale, v * v_descale. Each is a
+// float32 tensor on the inputs' device, [B, Hkv] (one factor per sequence and kv head; any
+// strides, 0 broadcasts) or [1] (one per tensor), read on the device only (CUDA-graph safe).
+// Null means 1. Given for a tensor that is not fp8_e4m3, it is an error. For the KV cache, k
+// and v are the caches (and k_new / v_new are quantised with these factors when appended).
+struct Descales {
+  const TensorView* q = nullptr;
+  const TensorView* k = nullptr;
+  const TensorView* v = nullptr;
+};
 
 struct AttentionOptions {
   // Multiplies q.k before the softmax; defaults to 1/sqrt(head dim).
@@ -34,6 +48,8 @@ struct AttentionOptions {
   bool deterministic = false;
   // Forward on CUDA: number of KV splits (flash-decoding); 0 lets a heuristic choose.
   int num_splits = 0;
+  // fp8_e4m3 inputs only (forward and KV cache; the backward takes no fp8).
+  Descales descale;
 };
 
 // What a call ran: the backend and the kernel's name, so tests and benchmarks know.

@@ -10,7 +10,9 @@
 
 namespace flashcpp {
 
-enum class DType : std::uint8_t { fp32, fp16, bf16, int32, int64 };
+// fp8_e4m3: float8 e4m3 "fn" (torch.float8_e4m3fn: no infinities, largest finite 448), an
+// input type of inference calls (docs/semantics.md, "FP8"); appended last to keep the values.
+enum class DType : std::uint8_t { fp32, fp16, bf16, int32, int64, fp8_e4m3 };
 
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);

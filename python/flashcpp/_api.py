@@ -44,8 +44,19 @@ def _workspace_allocator(fw, like, stream):
     return allocate
 
 
+def _is_fp8(x) -> bool:
+    """An array of float8 e4m3fn (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn)."""
+    return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
+
+
+def _check_descales_eager(ops, descales):
+    if ops is not None and any(d is not None for d in descales):
+        raise ValueError("q_descale, k_descale and v_descale are not supported with autograd or "
+                         "torch.compile (fp8 inputs are for eager inference calls)")
+
+
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
-             stream, out, lse_out, kwargs):
+             stream, out, lse_out, kwargs, descales=_native.NO_DESCALES):
     fw = framework_of(q)
     q_shape, v_shape = shape_of(q, "q"), shape_of(v, "v")
     shape_of(k, "k")
@@ -56,7 +67,12 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
     # so outputs allocated here start as out 0 and lse -inf (docs/semantics.md).
     if out is None:
         shape = q_shape[:-1] + v_shape[-1:]
-        out = fw.zeros(q, shape) if varlen else fw.empty(q, shape)
+        if _is_fp8(q):  # fp8 inputs give bf16 out (pass out= for fp16)
+            out = fw.empty(q, shape, "bfloat16")
+            if varlen:
+                out[...] = 0
+        else:
+            out = fw.zeros(q, shape) if varlen else fw.empty(q, shape)
     if return_lse and lse_out is None:
         if varlen and len(q_shape) == 3:
             lse_out = fw.full(q, (q_shape[1], q_shape[0]), float("-inf"), "float32")
@@ -70,14 +86,15 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
         _native.forward(q, k, v, out, lse_out,
                         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
                         handle, _workspace_allocator(fw, q, None if stream is None else handle),
-                        fw.export)
+                        fw.export, descales)
     return (out, lse_out) if return_lse else out
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
               return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
-              stream: Any = None, out: Any = None, lse_out: Any = None):
+              stream: Any = None, out: Any = None, lse_out: Any = None,
+              q_descale: Any = None, k_descale: Any = None, v_descale: Any = None):
     """Exact attention, out [B, Nq, Hq, Dv] = softmax(scale * q k^T) v, in q's framework.
 
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (Hq a multiple of Hkv: GQA/MQA).
@@ -89,20 +106,28 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     (torch, cupy) or the legacy default stream. out/lse_out: preallocated outputs.
     PyTorch tensors that require grad, or under torch.compile, go through flashcpp.torch's
     custom ops (autograd, no graph break).
+    fp8: q, k, v in float8_e4m3fn (all three) give out in bfloat16 (or out='s dtype, fp16);
+    q_descale/k_descale/v_descale are float32 [B, Hkv] or [1] tensors on q's device (FA3's
+    names), the factors the inputs are multiplied by. Inference only; on the CPU the float64
+    reference runs it (docs/semantics.md, "FP8").
     """
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
+    descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
+    _check_descales_eager(ops, descales)
     if ops is not None:
         return ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
                              softcap=softcap, return_lse=return_lse, backend=backend)
-    return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs)
+    return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs,
+                    descales)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                      *, causal: bool = False, softmax_scale: Optional[float] = None,
                      window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
-                     stream: Any = None, out: Any = None, lse_out: Any = None):
+                     stream: Any = None, out: Any = None, lse_out: Any = None,
+                     q_descale: Any = None, k_descale: Any = None, v_descale: Any = None):
     """Attention over packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv].
 
     Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q (int32 [B + 1], same device as
@@ -110,7 +135,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     Masks are per sequence, bottom-right aligned. Other arguments as in attention().
     """
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
+    descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
+    _check_descales_eager(ops, descales)
     if ops is not None:
         return ops.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -119,7 +146,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise TypeError("cu_seqlens_q and cu_seqlens_k: expected int32 arrays, got None")
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
-                    stream, out, lse_out, kwargs)
+                    stream, out, lse_out, kwargs, descales)
 
 
 def _check_not_scalar(shape, name):
@@ -184,7 +211,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
                            softcap: float = 0.0, return_softmax_lse: bool = False,
                            num_splits: int = 0, backend: str = "auto", out: Any = None,
-                           stream: Any = None):
+                           stream: Any = None, q_descale: Any = None, k_descale: Any = None,
+                           v_descale: Any = None):
     """Attention of new tokens against a KV cache (decode, speculative verification, chunked
     prefill), with the arguments of FlashAttention's flash_attn_with_kvcache.
 
@@ -201,12 +229,19 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     Everything after v is keyword-only: FlashAttention's next positional argument is
     rotary_cos. Not offered: rotary embedding, ALiBi, cache_batch_idx, cache_leftpad.
     num_splits, backend, out and stream as in attention(). Inference only: no autograd.
+    fp8 cache: k_cache/v_cache in float8_e4m3fn with q (and k, v) in bfloat16 on the GPU;
+    k_descale/v_descale (float32 [B, Hkv] or [1], FA3's names) dequantise the caches, and the
+    appended k, v are stored as e4m3(x / descale) (docs/semantics.md, "FP8").
     """
     kwargs = _native.options(causal, softmax_scale, window_size, softcap, backend, num_splits)
     if (k is None) != (v is None):
         raise _native.Error("k and v (the new keys and values to append) must be given together")
+    descales = (q_descale, k_descale, v_descale)
     fw = framework_of(q)
     ops = fw.autograd_ops(q, k_cache, v_cache)
+    if ops is not None and q_descale is not None:
+        raise _native.Error("q_descale: given, but q is not fp8_e4m3 (the KV cache takes 16-bit "
+                            "queries)")
     if ops is not None:
         if out is not None or stream is not None:
             raise ValueError("out= and stream= are not supported under torch.compile or with "
@@ -216,7 +251,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
             q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, return_softmax_lse=return_softmax_lse, num_splits=num_splits,
-            backend=backend)
+            backend=backend, k_descale=k_descale, v_descale=v_descale)
     q_shape, cache_shape = shape_of(q, "q"), shape_of(k_cache, "k_cache")
     v_shape = shape_of(v_cache, "v_cache")
     if cache_seqlens is None or isinstance(cache_seqlens, numbers.Integral):
@@ -237,7 +272,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                                    v=v, out=out), handle)
         _native.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k, v, kwargs, handle,
-            _workspace_allocator(fw, q, None if stream is None else handle), fw.export)
+            _workspace_allocator(fw, q, None if stream is None else handle), fw.export, descales)
     return (out, lse) if return_softmax_lse else out
 
 

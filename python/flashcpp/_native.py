@@ -136,11 +136,23 @@ PADDED = (None, None, 0, 0)
 # The caller makes the call's device current. Each records its RunInfo for last_run_info().
 
 
+# (q_descale, k_descale, v_descale): fp8_e4m3 inputs' factors, each None (1) or float32 [B, Hkv]
+# or [1] on the inputs' device.
+NO_DESCALES = (None, None, None)
+
+
+def _descale_kwargs(descales: Tuple) -> dict:
+    q_descale, k_descale, v_descale = descales
+    return dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
 def forward(q, k, v, out, lse, varlen: Tuple, options: dict, stream: int,
             allocate: Optional[Callable[[int], Any]],
-            export: Optional[Callable[[Any], Any]] = None) -> RunInfo:
+            export: Optional[Callable[[Any], Any]] = None,
+            descales: Tuple = NO_DESCALES) -> RunInfo:
     """Writes out (and lse unless None)."""
-    return _launch(True, (q, k, v, out, lse), varlen, options, stream, allocate, export)
+    return _launch(True, (q, k, v, out, lse), varlen, options, stream, allocate, export,
+                   _descale_kwargs(descales))
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, stream: int,
@@ -160,7 +172,8 @@ def _exported(arrays: Tuple, export: Optional[Callable[[Any], Any]]) -> Tuple:
 _NO_VARLEN: dict = {}  # a padded call leaves cu_seqlens and max_seqlen at their defaults
 
 
-def _launch(is_forward, tensors, varlen, options, stream, allocate, export) -> RunInfo:
+def _launch(is_forward, tensors, varlen, options, stream, allocate, export,
+            descales: Optional[dict] = None) -> RunInfo:
     cu_q, cu_k, max_q, max_k = varlen
     if cu_q is None and cu_k is None and max_q == 0 and max_k == 0:
         shape = _NO_VARLEN
@@ -179,7 +192,7 @@ def _launch(is_forward, tensors, varlen, options, stream, allocate, export) -> R
             workspace = allocate(nbytes)
     native = _C.forward if is_forward else _C.backward
     return _record(native(*_exported(tensors, export), **_exported_varlen(shape, export),
-                          **options, stream=stream,
+                          **options, **(descales or {}), stream=stream,
                           workspace=None if workspace is None or export is None
                           else export(workspace)))
 
@@ -205,20 +218,22 @@ def cache_capacity(k_cache_shape: Tuple[Any, ...],
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k_new,
                            v_new, options: dict, stream: int,
                            allocate: Optional[Callable[[int], Any]],
-                           export: Optional[Callable[[Any], Any]] = None) -> RunInfo:
+                           export: Optional[Callable[[Any], Any]] = None,
+                           descales: Tuple = NO_DESCALES) -> RunInfo:
     """Appends k_new and v_new into the caches (when given), writes out (and lse unless None).
 
     The workspace is sized by the call's plan, which depends on the shapes and options only, so
     a CUDA graph can replay the call with new lengths and block-table contents."""
     # The native module's positional order: q, k_cache, v_cache, cache_seqlens, out,
-    # block_table, k_new, v_new, lse.
+    # block_table, k_new, v_new, lse; the descales by name.
     tensors = (q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse)
+    scales = _descale_kwargs(descales)
     workspace = None
     if allocate is not None:
-        nbytes = _C.plan_kvcache(*_exported(tensors, export), **options)[3]
+        nbytes = _C.plan_kvcache(*_exported(tensors, export), **scales, **options)[3]
         if nbytes:
             workspace = allocate(nbytes)
             if export is not None:
                 workspace = export(workspace)
-    return _record(_C.attention_with_kvcache(*_exported(tensors, export), **options,
+    return _record(_C.attention_with_kvcache(*_exported(tensors, export), **scales, **options,
                                              stream=stream, workspace=workspace))

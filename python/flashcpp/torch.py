@@ -229,15 +229,15 @@ def _kvcache_outputs(q: Tensor, v_cache: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def _run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, softmax_scale,
-                 window_left, window_right, softcap, num_splits, backend):
+                 window_left, window_right, softcap, num_splits, backend, k_descale, v_descale):
     options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
                               backend, num_splits)
     q, k, v = (None if t is None else _export(_last_dim_contiguous(t)) for t in (q, k, v))
     # The caches are used as they are: a copy would not receive the append.
     k_cache, v_cache = _export(k_cache), _export(v_cache)
     out, lse = _kvcache_outputs(q, v_cache)
-    _launch(_native.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse,
-            block_table, k, v, options)
+    run = functools.partial(_native.attention_with_kvcache, descales=(None, k_descale, v_descale))
+    _launch(run, q, q, k_cache, v_cache, cache_seqlens, out, lse, block_table, k, v, options)
     return out, lse
 
 
@@ -245,10 +245,12 @@ def _run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, 
 def _attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                             block_table: Optional[Tensor], causal: bool,
                             softmax_scale: Optional[float], window_left: int, window_right: int,
-                            softcap: float, num_splits: int,
-                            backend: str) -> Tuple[Tensor, Tensor]:
+                            softcap: float, num_splits: int, backend: str,
+                            k_descale: Optional[Tensor],
+                            v_descale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _run_kvcache(q, k_cache, v_cache, None, None, cache_seqlens, block_table, causal,
-                        softmax_scale, window_left, window_right, softcap, num_splits, backend)
+                        softmax_scale, window_left, window_right, softcap, num_splits, backend,
+                        k_descale, v_descale)
 
 
 @_attention_with_kvcache.register_fake
@@ -263,9 +265,11 @@ def _attention_with_kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, 
                                    block_table: Optional[Tensor], causal: bool,
                                    softmax_scale: Optional[float], window_left: int,
                                    window_right: int, softcap: float, num_splits: int,
-                                   backend: str) -> Tuple[Tensor, Tensor]:
+                                   backend: str, k_descale: Optional[Tensor],
+                                   v_descale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
-                        softmax_scale, window_left, window_right, softcap, num_splits, backend)
+                        softmax_scale, window_left, window_right, softcap, num_splits, backend,
+                        k_descale, v_descale)
 
 
 @_attention_with_kvcache_append.register_fake
@@ -357,14 +361,17 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            return_softmax_lse: bool = False, num_splits: int = 0,
-                           backend: str = "auto"):
+                           backend: str = "auto", k_descale: Optional[Tensor] = None,
+                           v_descale: Optional[Tensor] = None):
     """flashcpp.attention_with_kvcache for torch tensors, as custom ops (torch.ops.flashcpp.
     attention_with_kvcache, and attention_with_kvcache_append when k and v are given, which
     declares that it mutates k_cache and v_cache): torch.compile(fullgraph=True) traces it, and
     a CUDA graph captures it, since cache_seqlens and block_table stay on the device (a replay
     reads their new contents) and the workspace comes from torch's allocator on the current
     stream. cache_seqlens: int32 [B] tensor, an int (broadcast) or None (the whole capacity).
-    Inference only: no gradients flow through it.
+    Inference only: no gradients flow through it. An fp8 (float8_e4m3fn) cache takes
+    k_descale/v_descale, float32 [B, Hkv] or [1] tensors read on the device (a CUDA graph replay
+    reads their new contents too).
     """
     o = _native.options(causal, softmax_scale, window_size, softcap, backend, num_splits)
     if (k is None) != (v is None):
@@ -374,7 +381,7 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
             tuple(k_cache.shape), None if block_table is None else tuple(block_table.shape))
         cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
     options = (o["causal"], o["softmax_scale"], o["window_left"], o["window_right"],
-               o["softcap"], o["num_splits"], o["backend"])
+               o["softcap"], o["num_splits"], o["backend"], k_descale, v_descale)
     if k is None:
         if _direct_call_ok(q, k_cache, v_cache, cache_seqlens, block_table):
             # the op has no autograd formula and mutates nothing: its implementation is all

@@ -59,6 +59,7 @@ std::string dlpack_dtype_name(nb::dlpack::dtype t) {
     case Code::Bfloat: base = "bfloat"; break;
     case Code::Complex: base = "complex"; break;
     case Code::Bool: return "bool";
+    case Code::Float8_E4M3FN: return "float8_e4m3fn";
     default: base = "dlpack_code" + std::to_string(t.code) + "_"; break;
   }
   std::string name = base + std::to_string(t.bits);
@@ -77,12 +78,13 @@ DType dtype_of(nb::dlpack::dtype t, const char* name, Role role) {
     if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 32) return DType::fp32;
     if (t.code == static_cast<uint8_t>(Code::Float) && t.bits == 16) return DType::fp16;
     if (t.code == static_cast<uint8_t>(Code::Bfloat) && t.bits == 16) return DType::bf16;
+    if (t.code == static_cast<uint8_t>(Code::Float8_E4M3FN) && t.bits == 8) return DType::fp8_e4m3;
     if (t.code == static_cast<uint8_t>(Code::Int) && t.bits == 32) return DType::int32;
     if (role == Role::indices && t.code == static_cast<uint8_t>(Code::Int) && t.bits == 64)
       return DType::int64;
   }
   type_error(std::string(name) + ": dtype " + dlpack_dtype_name(t) +
-             " is not supported (supported: float32, float16, bfloat16; int32 for cu_seqlens, "
+             " is not supported (supported: float32, float16, bfloat16, float8_e4m3fn; int32 for cu_seqlens, "
              "cache_seqlens and block_table)");
 }
 
@@ -278,6 +280,29 @@ class CuSeqlens {
   const TensorView* k_;
 };
 
+// q_descale, k_descale, v_descale (fp8 inputs; each may be None): set into the options, which
+// then point into this object.
+class DescaleViews {
+ public:
+  DescaleViews(nb::handle q, nb::handle k, nb::handle v, Imports& keep)
+      : q_(optional_view(q, "q_descale", false, keep, q_storage_)),
+        k_(optional_view(k, "k_descale", false, keep, k_storage_)),
+        v_(optional_view(v, "v_descale", false, keep, v_storage_)) {}
+  DescaleViews(const DescaleViews&) = delete;
+  DescaleViews& operator=(const DescaleViews&) = delete;
+
+  AttentionOptions applied(AttentionOptions options) const {
+    options.descale = {q_, k_, v_};
+    return options;
+  }
+
+ private:
+  TensorView q_storage_, k_storage_, v_storage_;
+  const TensorView* q_;
+  const TensorView* k_;
+  const TensorView* v_;
+};
+
 // The tensors of a KV-cache call. The caches are writable exactly when something is appended;
 // the optional views point into this object.
 class KVCacheCall {
@@ -337,10 +362,12 @@ RunInfoTuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      int max_seqlen_k, bool causal, std::optional<float> softmax_scale,
                      int window_left, int window_right, float softcap, const std::string& backend,
                      int num_splits, bool deterministic, std::uintptr_t stream,
-                     nb::handle workspace) {
-  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
-                                                softcap, backend, num_splits, deterministic);
+                     nb::handle workspace, nb::handle q_descale, nb::handle k_descale,
+                     nb::handle v_descale) {
   Imports keep;
+  const DescaleViews descales(q_descale, k_descale, v_descale, keep);
+  const AttentionOptions options = descales.applied(make_options(
+      causal, softmax_scale, window_left, window_right, softcap, backend, num_splits, deterministic));
   const TensorView qv = view_of(q, "q", false, keep);
   const TensorView kv = view_of(k, "k", false, keep);
   const TensorView vv = view_of(v, "v", false, keep);
@@ -423,10 +450,12 @@ KVCachePlanTuple plan_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cac
                               nb::handle k_new, nb::handle v_new, nb::handle lse, bool causal,
                               std::optional<float> softmax_scale, int window_left,
                               int window_right, float softcap, const std::string& backend,
-                              int num_splits, bool deterministic) {
-  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
-                                                softcap, backend, num_splits, deterministic);
+                              int num_splits, bool deterministic, nb::handle q_descale,
+                              nb::handle k_descale, nb::handle v_descale) {
   Imports keep;
+  const DescaleViews descales(q_descale, k_descale, v_descale, keep);
+  const AttentionOptions options = descales.applied(make_options(
+      causal, softmax_scale, window_left, window_right, softcap, backend, num_splits, deterministic));
   const KVCacheCall call(q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse,
                          keep);
   const flashcpp::KVCachePlan plan = flashcpp::plan_attention_with_kvcache(call.tensors(), options);
@@ -441,10 +470,12 @@ RunInfoTuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle
                                     std::optional<float> softmax_scale, int window_left,
                                     int window_right, float softcap, const std::string& backend,
                                     int num_splits, bool deterministic, std::uintptr_t stream,
-                                    nb::handle workspace) {
-  const AttentionOptions options = make_options(causal, softmax_scale, window_left, window_right,
-                                                softcap, backend, num_splits, deterministic);
+                                    nb::handle workspace, nb::handle q_descale,
+                                    nb::handle k_descale, nb::handle v_descale) {
   Imports keep;
+  const DescaleViews descales(q_descale, k_descale, v_descale, keep);
+  const AttentionOptions options = descales.applied(make_options(
+      causal, softmax_scale, window_left, window_right, softcap, backend, num_splits, deterministic));
   const KVCacheCall call(q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse,
                         keep);
   const flashcpp::Workspace ws = workspace_of(workspace, keep);
@@ -506,11 +537,15 @@ NB_MODULE(_C, m) {
   m.def("backward_workspace_size", &workspace_size<true>, FLASHCPP_WORKSPACE_ARGS);
 #undef FLASHCPP_WORKSPACE_ARGS
 
+  // fp8_e4m3 inputs' factors (AttentionOptions::descale), float32 [B, Hkv] or [1], or None.
+#define FLASHCPP_DESCALE_ARGS                                                              \
+  nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(),     \
+      nb::arg("v_descale").none() = nb::none()
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q").none() = nb::none(),
         nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
         nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS, nb::arg("stream") = 0,
-        nb::arg("workspace").none() = nb::none(),
+        nb::arg("workspace").none() = nb::none(), FLASHCPP_DESCALE_ARGS,
         "Writes out (and lse when given); returns (backend, kernel, num_splits).");
 
   // Attention against a KV cache (flashcpp/kvcache.hpp): block_table for a paged cache,
@@ -520,13 +555,14 @@ NB_MODULE(_C, m) {
       nb::arg("out"), nb::arg("block_table").none() = nb::none(),                           \
       nb::arg("k_new").none() = nb::none(), nb::arg("v_new").none() = nb::none(),           \
       nb::arg("lse").none() = nb::none(), FLASHCPP_OPTION_ARGS
-  m.def("plan_kvcache", &plan_kvcache, FLASHCPP_KVCACHE_ARGS,
+  m.def("plan_kvcache", &plan_kvcache, FLASHCPP_KVCACHE_ARGS, FLASHCPP_DESCALE_ARGS,
         "The plan of the matching call: (backend, kernel, num_splits, workspace_bytes).");
   m.def("attention_with_kvcache", &attention_with_kvcache, FLASHCPP_KVCACHE_ARGS,
-        nb::arg("stream") = 0, nb::arg("workspace").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("workspace").none() = nb::none(), FLASHCPP_DESCALE_ARGS,
         "Appends k_new/v_new (when given), writes out (and lse when given); returns (backend, "
         "kernel, num_splits).");
 #undef FLASHCPP_KVCACHE_ARGS
+#undef FLASHCPP_DESCALE_ARGS
 
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),

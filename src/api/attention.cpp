@@ -30,6 +30,7 @@ ForwardParams workspace_problem(const detail::ForwardTensors& known, const Atten
                                 Backend family) {
   TensorView out = known.q;
   if (out.rank > 0 && known.v.rank > 0) out.shape[out.rank - 1] = known.v.shape[known.v.rank - 1];
+  if (out.dtype == DType::fp8_e4m3) out.dtype = DType::bf16;  // fp8 inputs give a 16-bit out
   detail::HostCopies unused;  // CUDA offsets are never read on the host
   return detail::validate_forward({known.q, known.k, known.v, out, nullptr, known.cu_seqlens_q,
                                    known.cu_seqlens_k, known.max_seqlen_q, known.max_seqlen_k},
@@ -58,9 +59,10 @@ RunInfo run_forward(const detail::ForwardTensors& tensors, const AttentionOption
   detail::HostCopies copies;
   const ForwardParams params = detail::validate_forward(tensors, options, family, copies);
   if (family == Backend::cpu_reference || family == Backend::cpu) {
-    const bool reference = family == Backend::cpu_reference;
+    // fp8 inputs: the reference only (validation refused an explicit `cpu`).
+    const bool reference = family == Backend::cpu_reference || params.fp8_inputs();
     if (!nothing_to_do(params)) {
-      const bool non_finite = detail::cpu::check_scores(params);
+      const bool non_finite = !params.fp8_inputs() && detail::cpu::check_scores(params);
       reference ? detail::cpu::reference_forward(params)
                 : detail::cpu::tiled_forward(params, non_finite);
     }

@@ -27,8 +27,10 @@ Planned plan_call(const KVCacheTensors& t, const AttentionOptions& options,
   const Backend family = detail::check_backend(t.q, options);
   Planned r{detail::validate_kvcache(t, options, family, copies), {}};
   if (family == Backend::cpu || family == Backend::cpu_reference) {
-    r.plan.backend = family;
-    r.plan.kernel = family == Backend::cpu ? "cpu_kvcache" : "cpu_reference_f64_kvcache";
+    // An fp8 cache runs on the reference only (validation refused an explicit `cpu`).
+    const Backend cpu = r.params.fp8_inputs() ? Backend::cpu_reference : family;
+    r.plan.backend = cpu;
+    r.plan.kernel = cpu == Backend::cpu ? "cpu_kvcache" : "cpu_reference_f64_kvcache";
     return r;
   }
 #ifdef FLASHCPP_WITH_CUDA

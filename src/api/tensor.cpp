@@ -16,6 +16,7 @@ const char* dtype_name(DType dtype) {
     case DType::bf16: return "bf16";
     case DType::int32: return "int32";
     case DType::int64: return "int64";
+    case DType::fp8_e4m3: return "fp8_e4m3";
   }
   return "unknown";
 }
@@ -27,6 +28,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::bf16: return 2;
     case DType::int32: return 4;
     case DType::int64: return 8;
+    case DType::fp8_e4m3: return 1;
   }
   return 0;
 }

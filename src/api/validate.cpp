@@ -33,6 +33,7 @@ ElementType element_type(DType dtype) {
   switch (dtype) {
     case DType::fp16: return ElementType::fp16;
     case DType::bf16: return ElementType::bf16;
+    case DType::fp8_e4m3: return ElementType::fp8_e4m3;
     default: return ElementType::fp32;
   }
 }
@@ -105,9 +106,59 @@ void check_memory(const TensorView& t, const char* name, bool cuda) {
 }
 
 void check_input_dtype(const TensorView& q, bool cuda) {
-  if (q.dtype == DType::int32) fail("q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
+  if (q.dtype == DType::int32)
+    fail("q: dtype int32 is not supported (supported: fp32, fp16, bf16, fp8_e4m3)");
   if (cuda && q.dtype == DType::fp32)
     fail("q: dtype fp32 is not supported by the cuda backend (supported: fp16, bf16)");
+}
+
+bool is_fp8(const TensorView& t) { return t.dtype == DType::fp8_e4m3; }
+
+// The output of fp8 inputs: a 16-bit float.
+void check_fp8_out(const TensorView& out) {
+  if (out.dtype != DType::bf16 && out.dtype != DType::fp16)
+    fail("out: expected dtype bf16 or fp16 for fp8_e4m3 inputs, got ", dtype_name(out.dtype));
+}
+
+// On the CPU, fp8 inputs run on the float64 reference (automatic picks it); the tiled `cpu`
+// backend does not read them.
+void check_fp8_cpu_backend(const AttentionOptions& options) {
+  if (options.backend == Backend::cpu)
+    fail("backend: cpu does not take fp8_e4m3 inputs (use cpu_reference, which automatic "
+         "picks for CPU tensors)");
+}
+
+// One descale factor tensor (AttentionOptions::descale): float32 [B, Hkv] or [1] on q's
+// device, given only for an fp8 tensor.
+Descale check_descale(const TensorView* d, const char* name, const TensorView& of,
+                      const char* of_name, const TensorView& q, std::int64_t batch,
+                      std::int64_t heads_kv) {
+  if (d == nullptr) return {};
+  if (!is_fp8(of))
+    fail(name, ": given, but ", of_name, " is ", dtype_name(of.dtype),
+         " (descales apply to fp8_e4m3 tensors only)");
+  if (d->dtype != DType::fp32) fail(name, ": expected dtype fp32, got ", dtype_name(d->dtype));
+  check_same_device(*d, name, q);
+  Descale r;
+  if (d->rank == 1) {
+    if (d->shape[0] != 1)
+      fail(name, ": expected shape [B, Hkv] = [", batch, ", ", heads_kv, "] or [1], got ",
+           d->shape_string());
+  } else if (d->rank == 2) {
+    if (d->shape[0] != batch || d->shape[1] != heads_kv)
+      fail(name, ": expected shape [B, Hkv] = [", batch, ", ", heads_kv, "] or [1], got ",
+           d->shape_string());
+    if (d->stride[0] < 0 || d->stride[1] < 0) fail(name, ": strides must be >= 0");
+    r.batch_stride = d->stride[0];
+    r.head_stride = d->stride[1];
+  } else {
+    fail(name, ": expected 2 dimensions [B, Hkv] or 1 dimension [1], got ", d->rank);
+  }
+  if (d->data == nullptr) fail(name, ": data pointer is null");
+  if (reinterpret_cast<std::uintptr_t>(d->data) % alignof(float) != 0)
+    fail(name, ": data pointer is not ", alignof(float), "-byte aligned");
+  r.data = static_cast<const float*>(d->data);
+  return r;
 }
 
 void check_options(const AttentionOptions& o) {
@@ -139,7 +190,9 @@ void set_views(ForwardParams& p, const TensorView& q, const TensorView& k, const
                const TensorView& out, const TensorView* lse, std::int64_t heads_q,
                std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v,
                bool varlen) {
-  p.dtype = element_type(q.dtype);
+  p.dtype = element_type(out.dtype);
+  p.q_dtype = element_type(q.dtype);
+  p.kv_dtype = element_type(k.dtype);
   p.q = q.data;
   p.k = k.data;
   p.v = v.data;
@@ -253,7 +306,15 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   check_input_dtype(t.q, cuda);
   check_same_dtype(t.k, "k", t.q);
   check_same_dtype(t.v, "v", t.q);
-  check_same_dtype(t.out, "out", t.q);
+  if (is_fp8(t.q)) {
+    check_fp8_out(t.out);
+    check_fp8_cpu_backend(options);
+    if (cuda)
+      fail("q: dtype fp8_e4m3 is not supported by the cuda forward yet (fp8_e4m3 runs on the "
+           "cpu_reference backend, and on cuda as the KV cache of attention_with_kvcache)");
+  } else {
+    check_same_dtype(t.out, "out", t.q);
+  }
   check_same_device(t.k, "k", t.q);
   check_same_device(t.v, "v", t.q);
   check_same_device(t.out, "out", t.q);
@@ -344,17 +405,27 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
       p.lse_head_stride = t.lse->stride[1];
     }
   }
+  // One factor per sequence (varlen: per cu_seqlens entry, checked above) and kv head.
+  p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, p.batch, heads_kv);
+  p.k_descale = check_descale(options.descale.k, "k_descale", t.k, "k", t.q, p.batch, heads_kv);
+  p.v_descale = check_descale(options.descale.v, "v_descale", t.v, "v", t.q, p.batch, heads_kv);
   apply_options(p, options, t.q);
   if (outputs == Outputs::given)
     check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
                      {{&t.q, "q"}, {&t.k, "k"}, {&t.v, "v"}, {t.cu_seqlens_q, "cu_seqlens_q"},
-                      {t.cu_seqlens_k, "cu_seqlens_k"}});
+                      {t.cu_seqlens_k, "cu_seqlens_k"}, {options.descale.q, "q_descale"},
+                      {options.descale.k, "k_descale"}, {options.descale.v, "v_descale"}});
   return p;
 }
 
 BackwardParams validate_backward(const BackwardTensors& t, const AttentionOptions& options,
                                  Backend backend, HostCopies& copies) {
   if (t.forward.lse == nullptr) fail("lse: required by the backward pass");
+  if (is_fp8(t.forward.q))
+    fail("q: dtype fp8_e4m3 is not supported by the backward (FP8 is forward and inference only)");
+  if (options.descale.q || options.descale.k || options.descale.v)
+    fail("q_descale, k_descale, v_descale: the backward takes no descales (FP8 is forward and "
+         "inference only)");
   BackwardParams p;
   static_cast<ForwardParams&>(p) =
       validate_forward(t.forward, options, backend, copies, Outputs::stand_in);
@@ -408,8 +479,17 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   check_rank(t.out, "out", 4, "[B, Nnew, Hq, Dv]");
   const bool cuda = cuda_rules(t.q, backend);
   check_input_dtype(t.q, cuda);
-  check_same_dtype(t.k_cache, "k_cache", t.q);
-  check_same_dtype(t.v_cache, "v_cache", t.q);
+  if (is_fp8(t.q))
+    fail("q: dtype fp8_e4m3 is not supported for the KV cache's queries (pass q in bf16 or fp16; "
+         "k_cache and v_cache may be fp8_e4m3)");
+  // An fp8 cache holds q's type quantised: k_new / v_new come in q's type.
+  if (!is_fp8(t.k_cache)) {
+    check_same_dtype(t.k_cache, "k_cache", t.q);
+    check_same_dtype(t.v_cache, "v_cache", t.q);
+  } else if (t.v_cache.dtype != t.k_cache.dtype) {
+    fail("v_cache: expected dtype fp8_e4m3 (same as k_cache), got ", dtype_name(t.v_cache.dtype));
+  }
+  if (is_fp8(t.k_cache)) check_fp8_cpu_backend(options);
   check_same_dtype(t.out, "out", t.q);
   check_same_device(t.k_cache, "k_cache", t.q);
   check_same_device(t.v_cache, "v_cache", t.q);
@@ -510,11 +590,13 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
     check_no_overlap({{&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"}, {&t.out, "out"},
                       {t.lse, "lse"}},
                      {{&t.q, "q"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
-                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"},
+                      {options.descale.k, "k_descale"}, {options.descale.v, "v_descale"}});
   else
     check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
                      {{&t.q, "q"}, {&t.k_cache, "k_cache"}, {&t.v_cache, "v_cache"},
-                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"}});
+                      {&lens, "cache_seqlens"}, {t.block_table, "block_table"},
+                      {options.descale.k, "k_descale"}, {options.descale.v, "v_descale"}});
 
   // Host-side lengths and pages (CPU tensors): copied first (another thread may change the
   // caller's arrays during the call), then every key a sequence will read must lie in the cache.
@@ -555,6 +637,9 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   KVCacheParams p;
   set_views(p, t.q, t.k_cache, t.v_cache, t.out, t.lse, heads_q, heads_kv, head_dim, head_dim_v,
             false);
+  p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, batch, heads_kv);
+  p.k_descale = check_descale(options.descale.k, "k_descale", t.k_cache, "k_cache", t.q, batch, heads_kv);
+  p.v_descale = check_descale(options.descale.v, "v_descale", t.v_cache, "v_cache", t.q, batch, heads_kv);
   p.batch = static_cast<int>(batch);
   p.seqlen_q = static_cast<int>(nnew);
   p.seqlen_k = static_cast<int>(capacity);

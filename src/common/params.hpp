@@ -7,7 +7,7 @@
 
 namespace flashcpp::detail {
 
-enum class ElementType : std::uint8_t { fp32, fp16, bf16 };
+enum class ElementType : std::uint8_t { fp32, fp16, bf16, fp8_e4m3 };
 
 // Element strides of a [batch, row, head, dim] tensor (dim has stride 1). For varlen tensors
 // `batch` is 0 and rows are addressed through cu_seqlens.
@@ -17,13 +17,31 @@ struct Strides {
   std::int64_t head = 0;
 };
 
+// One fp8 descale factor per (sequence, kv head): data[b * batch_stride + h * head_stride],
+// or 1 when data is null. Strides 0 broadcast a per-tensor factor.
+struct Descale {
+  const float* data = nullptr;
+  std::int64_t batch_stride = 0;
+  std::int64_t head_stride = 0;
+
+  FLASHCPP_HOST_DEVICE float at(int b, int kv_head) const {
+    return data == nullptr ? 1.0f : data[b * batch_stride + kv_head * head_stride];
+  }
+};
+
 struct ForwardParams {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
   float* lse = nullptr;  // optional; [B, Hq, Nq] or, varlen, [Hq, total_q]
+  // Element types: `dtype` is out's, and q's, k's and v's too unless FP8 says otherwise: an
+  // fp8 forward has q, k and v in fp8_e4m3 (q_dtype, kv_dtype) and out in bf16 or fp16; an fp8
+  // KV cache has k and v (the caches) in fp8_e4m3 and q, k_new, v_new and out in `dtype`.
+  // Only the paths that check fp8_inputs() may read fp8 calls (validation routes the rest away).
   ElementType dtype = ElementType::fp32;
+  ElementType q_dtype = ElementType::fp32;
+  ElementType kv_dtype = ElementType::fp32;
 
   int batch = 0;
   int heads_q = 0;
@@ -52,6 +70,13 @@ struct ForwardParams {
   int window_left = -1;  // -1: unbounded
   int window_right = -1;
 
+  int device = 0;      // CUDA ordinal
+  int num_splits = 0;  // 0: heuristic
+
+  // fp8 inputs: q * q_descale, k * k_descale, v * v_descale (last: the fields above keep the
+  // offsets the kernels were tuned with).
+  Descale q_descale, k_descale, v_descale;
+
   // Per-sequence key counts on the device (a KV cache's lengths): sequence b of an otherwise
   // padded batch sees keys [0, min(seqused_k[b] + seqused_k_add, seqlen_k)). CUDA runs such a
   // call as varlen over rows packed sequence after sequence (q row b * seqlen_q + i, k row
@@ -59,11 +84,11 @@ struct ForwardParams {
   const std::int32_t* seqused_k = nullptr;
   int seqused_k_add = 0;
 
-  int device = 0;      // CUDA ordinal
-  int num_splits = 0;  // 0: heuristic
-
   FLASHCPP_HOST_DEVICE bool is_varlen() const {
     return cu_seqlens_q != nullptr || seqused_k != nullptr;
+  }
+  FLASHCPP_HOST_DEVICE bool fp8_inputs() const {
+    return q_dtype == ElementType::fp8_e4m3 || kv_dtype == ElementType::fp8_e4m3;
   }
 };
 

@@ -1,13 +1,17 @@
 #pragma once
-// Reading and writing fp32/fp16/bf16 elements as float, so the compute code sees one type.
+// Reading and writing fp32/fp16/bf16/fp8_e4m3 elements as float, so the compute code sees one
+// type.
 #include <cstdint>
 
+#include "common/fp8.hpp"
 #include "common/half.hpp"
 #include "common/params.hpp"
 
 namespace flashcpp::detail::cpu {
 
-inline std::int64_t element_bytes(ElementType type) { return type == ElementType::fp32 ? 4 : 2; }
+inline std::int64_t element_bytes(ElementType type) {
+  return type == ElementType::fp32 ? 4 : type == ElementType::fp8_e4m3 ? 1 : 2;
+}
 
 inline float load_element(const void* base, ElementType type, std::int64_t index) {
   switch (type) {
@@ -15,6 +19,8 @@ inline float load_element(const void* base, ElementType type, std::int64_t index
       return fp16_to_float(static_cast<const std::uint16_t*>(base)[index]);
     case ElementType::bf16:
       return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+    case ElementType::fp8_e4m3:
+      return e4m3_to_float(static_cast<const std::uint8_t*>(base)[index]);
     case ElementType::fp32:
       break;
   }
@@ -28,6 +34,9 @@ inline void store_element(void* base, ElementType type, std::int64_t index, floa
       return;
     case ElementType::bf16:
       static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
+      return;
+    case ElementType::fp8_e4m3:
+      static_cast<std::uint8_t*>(base)[index] = float_to_e4m3(value);
       return;
     case ElementType::fp32:
       break;

@@ -17,13 +17,15 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Rows [first, first + rows) of one head of a [batch, row, head, dim] tensor, as float64.
+// `factor` is an fp8 tensor's descale (1 otherwise); the product is exact in float64.
 std::vector<double> load_rows(const void* base, ElementType type, const Strides& stride, int batch,
-                              std::int64_t first, std::int64_t rows, int head, int dim) {
+                              std::int64_t first, std::int64_t rows, int head, int dim,
+                              double factor = 1.0) {
   std::vector<double> out(static_cast<std::size_t>(rows * dim));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t offset =
         batch * stride.batch + (first + r) * stride.row + head * stride.head;
-    for (int d = 0; d < dim; ++d) out[r * dim + d] = load_element(base, type, offset + d);
+    for (int d = 0; d < dim; ++d) out[r * dim + d] = load_element(base, type, offset + d) * factor;
   }
   return out;
 }
@@ -73,10 +75,13 @@ void forward_head(const ForwardParams& p, const Sequence& seq, int head) {
   const int kv_head = head / (p.heads_q / p.heads_kv);
   const int dv = p.head_dim_v;
   const std::int64_t nq = seq.nq, nk = seq.nk;
-  const auto q = load_rows(p.q, p.dtype, p.q_stride, seq.batch, seq.q_begin, nq, head, p.head_dim);
-  const auto k =
-      load_rows(p.k, p.dtype, p.k_stride, seq.batch, seq.k_begin, nk, kv_head, p.head_dim);
-  const auto v = load_rows(p.v, p.dtype, p.v_stride, seq.batch, seq.k_begin, nk, kv_head, dv);
+  // fp8 inputs are dequantised exactly: q * q_descale, k * k_descale, v * v_descale.
+  const auto q = load_rows(p.q, p.q_dtype, p.q_stride, seq.batch, seq.q_begin, nq, head,
+                           p.head_dim, p.q_descale.at(seq.batch, kv_head));
+  const auto k = load_rows(p.k, p.kv_dtype, p.k_stride, seq.batch, seq.k_begin, nk, kv_head,
+                           p.head_dim, p.k_descale.at(seq.batch, kv_head));
+  const auto v = load_rows(p.v, p.kv_dtype, p.v_stride, seq.batch, seq.k_begin, nk, kv_head, dv,
+                           p.v_descale.at(seq.batch, kv_head));
   const auto s = scores(p, seq, q, k, nullptr);
 
   std::vector<double> out(static_cast<std::size_t>(nq * dv), 0.0);

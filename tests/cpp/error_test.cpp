@@ -133,7 +133,7 @@ TEST(Errors, DtypeMismatch) {
 TEST(Errors, Int32InputsAreRejected) {
   Call c;
   for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) t->dtype = DType::int32;
-  EXPECT_EQ(c.forward(), "q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
+  EXPECT_EQ(c.forward(), "q: dtype int32 is not supported (supported: fp32, fp16, bf16, fp8_e4m3)");
 }
 
 TEST(Errors, LseDtype) {

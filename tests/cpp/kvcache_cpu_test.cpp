@@ -3,7 +3,8 @@
 // (page sizes 3, 16, 64 and 256, shuffled tables), appends, zero-length sequences, GQA, MQA
 // and MHA, causal, windows, softcap, lse and memory layouts. Every run starts from NaN
 // outputs and NaN in every cache row past the lengths; each checks the output, the lse and
-// that the cache changed exactly in the appended rows.
+// that the cache changed exactly in the appended rows. fp8_e4m3 caches (with and without
+// descales, quantising appends) run on the float64 reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,6 +113,23 @@ std::vector<KvCase> cpu_cases() {
     r.backend = Backend::cpu_reference;
     cases.push_back(r);
   }
+  // fp8_e4m3 caches (the reference: automatic picks it for them): descales per (sequence, kv
+  // head) and per tensor, none; bf16, fp16 and fp32 queries; appends quantised.
+  const auto fp8 = [](KvCase c, int descales) {
+    c.fp8_cache = true;
+    c.descales = descales;
+    c.backend = Backend::cpu_reference;
+    return c;
+  };
+  cases.push_back(fp8(causal(appending(make({0, 17, 300}, 4, 8, 2, 64, b16))), 2));
+  KvCase capped_fp8 = fp8(paged(appending(make({33, 0, 70}, 1, 8, 1, 128, f16)), 16, true), 1);
+  capped_fp8.softcap = 20.0f;
+  cases.push_back(capped_fp8);
+  cases.push_back(fp8(paged(causal(appending(make({5, 40}, 4, 4, 4, 64, f32))), 3, false), 0));
+  KvCase dv_fp8 = fp8(paged(causal(make({77, 1}, 4, 4, 2, 128, b16)), 64, false), 2);
+  dv_fp8.head_dim_v = 64;
+  dv_fp8.layout = Layout::padded;
+  cases.push_back(dv_fp8);
   return cases;
 }
 
@@ -124,7 +142,7 @@ TEST_P(KvCacheCpu, MatchesOracle) {
   const KvTensors before = t;
   const KvExpected e = kv_oracle(c, t);
   const KvViews views = t.host_views();
-  const RunInfo info = attention_with_kvcache(views.tensors(c), c.options());
+  const RunInfo info = attention_with_kvcache(views.tensors(c), views.options(c));
   EXPECT_EQ(info.backend, c.backend);
   EXPECT_EQ(info.num_splits, 1);
   expect_empty_rows_exact(c, t, e);
@@ -163,6 +181,28 @@ TEST(KvCacheCpuProps, PlanOnTheCpu) {
     const RunInfo info = attention_with_kvcache(views.tensors(c), c.options());
     EXPECT_EQ(info.backend, expected);
     EXPECT_EQ(std::string(info.kernel), plan.kernel);
+  }
+}
+
+// An fp8 cache runs on the reference when the backend is automatic; an explicit `cpu` is refused.
+TEST(KvCacheCpuProps, Fp8CacheRunsOnTheReference) {
+  KvCase c = paged(appending(make({5, 40}, 4, 4, 2, 64, DType::bf16)), 16, false);
+  c.fp8_cache = true;
+  c.descales = 2;
+  c.backend = Backend::automatic;
+  auto rng = test_rng();
+  KvTensors t(c, rng);
+  const KvViews views = t.host_views();
+  EXPECT_EQ(plan_attention_with_kvcache(views.tensors(c), views.options(c)).backend,
+            Backend::cpu_reference);
+  EXPECT_EQ(attention_with_kvcache(views.tensors(c), views.options(c)).backend, Backend::cpu_reference);
+  c.backend = Backend::cpu;
+  try {
+    attention_with_kvcache(views.tensors(c), views.options(c));
+    ADD_FAILURE() << "backend cpu took an fp8 cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend: cpu does not take fp8_e4m3"), std::string::npos)
+        << e.what();
   }
 }
 

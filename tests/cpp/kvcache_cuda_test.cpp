@@ -4,7 +4,8 @@
 // from 0 to 65536, batches up to 64, appends, GQA 8:1 and MQA, Nnew 1/4/16, D 64 and 128 in
 // bf16 and fp16, causal, lse, the workspace of plan_attention_with_kvcache, lengths beyond the
 // capacity, and a CUDA graph replayed after the lengths and the block table changed on the
-// device, and prefill with a cache on the forward kernels. Skips without a GPU; in a build
+// device, prefill with a cache on the forward kernels; fp8_e4m3 caches with descales (bf16
+// queries). Skips without a GPU; in a build
 // without CUDA it is one skipping test. Cases whose kernel a subset build lacks are reported
 // as skipped (cuda_harness.hpp).
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,17 +35,19 @@ using test::KvViews;
 // Device copies of a case's tensors: their memory images, layout gaps included.
 struct DeviceKv {
   DeviceBuffer q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse;
+  DeviceBuffer k_descale, v_descale;
 
   explicit DeviceKv(const KvTensors& t)
       : q(t.q.bytes()), k_cache(t.k_cache.bytes()), v_cache(t.v_cache.bytes()),
         cache_seqlens(t.cache_seqlens.bytes()), out(t.out.bytes()),
         block_table(t.block_table.bytes()), k_new(t.k_new.bytes()), v_new(t.v_new.bytes()),
-        lse(t.lse.bytes()) {}
+        lse(t.lse.bytes()), k_descale(t.k_descale.bytes()), v_descale(t.v_descale.bytes()) {}
 
   std::vector<std::pair<DeviceBuffer*, test::HostTensor*>> pairs(KvTensors& t) {
     return {{&q, &t.q},         {&k_cache, &t.k_cache},         {&v_cache, &t.v_cache},
             {&out, &t.out},     {&cache_seqlens, &t.cache_seqlens}, {&block_table, &t.block_table},
-            {&k_new, &t.k_new}, {&v_new, &t.v_new},             {&lse, &t.lse}};
+            {&k_new, &t.k_new}, {&v_new, &t.v_new},             {&lse, &t.lse},
+            {&k_descale, &t.k_descale}, {&v_descale, &t.v_descale}};
   }
   void upload(KvTensors& t) {
     for (auto [device, host] : pairs(t))
@@ -65,7 +69,8 @@ struct DeviceKv {
     const std::pair<TensorView*, DeviceBuffer*> all[] = {
         {&v.q, &q},     {&v.k_cache, &k_cache},         {&v.v_cache, &v_cache},
         {&v.out, &out}, {&v.cache_seqlens, &cache_seqlens}, {&v.block_table, &block_table},
-        {&v.k_new, &k_new}, {&v.v_new, &v_new},         {&v.lse, &lse}};
+        {&v.k_new, &k_new}, {&v.v_new, &v_new},         {&v.lse, &lse},
+        {&v.k_descale, &k_descale}, {&v.v_descale, &v_descale}};
     for (auto [view, buffer] : all) {
       if (view->data != nullptr) view->data = buffer->ptr;
       view->device = Device::cuda(0);
@@ -136,10 +141,11 @@ void expect_ran_on_gpu(const KvCase& c, const RunInfo& info, const KVCachePlan& 
 bool run_gpu(const KvCase& c, const KvViews& views, const char* kernel_has = nullptr) {
   try {
     const KVCacheTensors tensors = views.tensors(c);
-    const KVCachePlan plan = plan_attention_with_kvcache(tensors, c.options());
+    const AttentionOptions options = views.options(c);
+    const KVCachePlan plan = plan_attention_with_kvcache(tensors, options);
     DeviceBuffer workspace(std::max<std::size_t>(plan.workspace_bytes, 1));
     cuda_ok(cudaMemset(workspace.ptr, 0xFF, plan.workspace_bytes));
-    const RunInfo info = attention_with_kvcache(tensors, c.options(), nullptr,
+    const RunInfo info = attention_with_kvcache(tensors, options, nullptr,
                                                 {workspace.ptr, plan.workspace_bytes});
     cuda_ok(cudaDeviceSynchronize());
     expect_ran_on_gpu(c, info, plan);
@@ -314,11 +320,99 @@ TEST_F(KvCacheCuda, LengthsBeyondCapacityAreClamped) {
   }
 }
 
+// fp8_e4m3 caches (bf16 q, k_new, v_new, out): the oracle dequantises the cached codes with the
+// descales and quantises the appended rows as the contract says; the cache must hold exactly
+// e4m3(x / descale) in the appended rows and be unchanged elsewhere (NaN codes past the lengths).
+KvCase fp8_case(std::vector<int> lengths, int nnew, int hq, int hkv, int d, int page_size,
+                int descales) {
+  KvCase c = gpu_case(std::move(lengths), nnew, hq, hkv, d, DType::bf16, page_size);
+  c.fp8_cache = true;
+  c.descales = descales;
+  return c;
+}
+
+TEST_F(KvCacheCuda, Fp8Cache) {
+  // Decode, GQA 8:1, descales per (sequence, kv head), a zero length; D 64, 128, 256.
+  check_gpu(fp8_case({0, 1, 300, 1000}, 1, 32, 4, 128, 0, 2));
+  check_gpu(fp8_case({5, 0, 777}, 4, 16, 1, 64, 0, 1));
+  check_gpu(fp8_case({129, 0, 600}, 1, 16, 2, 256, 0, 2));
+  // Paged: page sizes 16, 64, 256 and one that is not a power of two; no descales.
+  check_gpu(fp8_case({0, 15, 16, 17, 500}, 16, 32, 4, 128, 16, 2));
+  check_gpu(fp8_case({64, 0, 63, 2000, 65}, 1, 16, 1, 64, 64, 0));
+  check_gpu(fp8_case({0, 255, 256, 3000}, 4, 32, 4, 256, 256, 1));
+  check_gpu(fp8_case({23, 24, 25, 600}, 4, 32, 4, 128, 24, 2));
+  // Without appends and without lse.
+  KvCase plain = fp8_case({100, 0, 1500}, 4, 32, 4, 128, 64, 2);
+  plain.append = false;
+  plain.with_lse = false;
+  check_gpu(plain);
+}
+
+TEST_F(KvCacheCuda, Fp8CacheOptions) {
+  // No mask, a window, softcap (the descales scale the scores before the cap).
+  KvCase full = fp8_case({40, 0, 700}, 16, 32, 4, 128, 16, 2);
+  full.causal = false;
+  check_gpu(full);
+  KvCase window = fp8_case({1000, 3, 0}, 4, 16, 2, 64, 64, 1);
+  window.window_left = 128;
+  check_gpu(window);
+  KvCase capped = fp8_case({513, 0, 77}, 4, 32, 4, 128, 0, 2);
+  capped.softcap = 30.0f;
+  check_gpu(capped);
+  // D != Dv: both zero-filled to the larger head dim.
+  KvCase narrow_v = fp8_case({0, 100, 700}, 1, 32, 8, 128, 0, 2);
+  narrow_v.head_dim_v = 64;
+  check_gpu(narrow_v);
+  // Forced splits (the combine sees descaled partial outputs), and the explicit sm80 backend.
+  for (int splits : {2, 7}) {
+    KvCase c = fp8_case({0, 5, 300, 4000}, 1, 32, 8, 128, splits == 7 ? 16 : 0, 2);
+    c.num_splits = splits;
+    check_gpu(c);
+  }
+  KvCase sm80 = fp8_case({0, 70, 900}, 4, 32, 4, 128, 64, 1);
+  sm80.backend = Backend::cuda_sm80;
+  check_gpu(sm80);
+  // 64 sequences of random lengths, one long sequence.
+  auto rng = test::test_rng();
+  std::vector<int> lengths(64);
+  for (int b = 0; b < 64; ++b) lengths[b] = b % 8 == 0 ? 0 : static_cast<int>(rng() % 400);
+  check_gpu(fp8_case(lengths, 1, 32, 4, 128, 16, 2));
+  KvCase long_seq = fp8_case({65535}, 1, 16, 2, 128, 256, 2);
+  long_seq.capacity = 65536;
+  check_gpu(long_seq);
+}
+
+// What the GPU refuses for an fp8 cache, with a clear error: fp16 queries, and head dims that
+// are not multiples of 16.
+TEST_F(KvCacheCuda, Fp8CacheRefusals) {
+  KvCase fp16 = fp8_case({10}, 1, 8, 2, 128, 0, 0);
+  fp16.dtype = DType::fp16;
+  KvCase d72 = fp8_case({10}, 1, 8, 2, 72, 0, 0);
+  for (const auto& [c, message] :
+       {std::pair{fp16, "fp8_e4m3 cache takes q, k_new, v_new and out in bf16"},
+        {d72, "fp8_e4m3 cache needs head dims that are multiples of 16, got 72"}}) {
+    auto rng = test::test_rng();
+    KvTensors t(c, rng);
+    DeviceKv device(t);
+    device.upload(t);
+    const KvViews views = device.views(t);
+    try {
+      plan_attention_with_kvcache(views.tensors(c), views.options(c));
+      ADD_FAILURE() << test::kv_case_name(c) << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A call captured in a CUDA graph replays with new lengths, block table and cache contents
 // (copied to the device outside the capture): the replay gives the new lengths' result.
-TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
+// fp8: the descales are device memory too, and the replay reads their new values.
+void check_graph_replay(bool fp8) {
   KvCase first = gpu_case({100, 0, 513, 64}, 1, 32, 4, 128, DType::bf16, 64);
   first.capacity = 1024;
+  first.fp8_cache = fp8;
+  first.descales = fp8 ? 2 : 0;
   KvCase second = first;
   second.lengths = {700, 3, 0, 1000};
   auto rng = test::test_rng();
@@ -333,7 +427,7 @@ TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
   device.upload(a);
   const KvViews views = device.views(a);
   const KVCacheTensors tensors = views.tensors(first);
-  const AttentionOptions options = first.options();
+  const AttentionOptions options = views.options(first);
   KVCachePlan plan;
   try {
     plan = plan_attention_with_kvcache(tensors, options);
@@ -381,6 +475,9 @@ TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) {
   cuda_ok(cudaGraphDestroy(graph));
   cuda_ok(cudaStreamDestroy(stream));
 }
+
+TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) { check_graph_replay(false); }
+TEST_F(KvCacheCuda, Fp8CacheGraphReplaysWithNewLengthsAndDescales) { check_graph_replay(true); }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
 

@@ -254,7 +254,7 @@ TEST(KvCacheErrors, Dtypes) {
   EXPECT_EQ(KvCall().retyped(&KvCall::out, DType::bf16).run(),
             "out: expected dtype fp32 (same as q), got bf16");
   EXPECT_EQ(KvCall().retyped(&KvCall::q, DType::int32).run(),
-            "q: dtype int32 is not supported (supported: fp32, fp16, bf16)");
+            "q: dtype int32 is not supported (supported: fp32, fp16, bf16, fp8_e4m3)");
 }
 
 TEST(KvCacheErrors, LseShapeAndDtype) {

@@ -3,7 +3,9 @@
 // written from the contract (flashcpp/kvcache.hpp, docs/semantics.md), shared by
 // kvcache_cpu_test.cpp and kvcache_cuda_test.cpp. The caches are NaN everywhere but in the
 // rows below each sequence's length: rows past it, unused pages and layout gaps. Paged caches
-// take their pages in shuffled order from a pool with spare pages no table names.
+// take their pages in shuffled order from a pool with spare pages no table names. An fp8 cache
+// holds e4m3 codes; the oracle multiplies them by the descales (exact in float64) and quantises
+// the appended rows as the contract says: e4m3(float32(x / descale)).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fp8.hpp"
 #include "flashcpp/flashcpp.hpp"
 #include "test_util.hpp"
 
@@ -45,8 +48,13 @@ struct KvCase {
   bool invalid_unused_slots = false;
   Backend backend = Backend::cpu;
   int num_splits = 0;  // 0: the plan's choice
+  // fp8_e4m3 k_cache / v_cache (q, k_new, v_new and out in `dtype`), with descales: 0 none,
+  // 1 one per tensor ([1]), 2 one per sequence and kv head ([B, Hkv], strided).
+  bool fp8_cache = false;
+  int descales = 0;
 
   int batch() const { return static_cast<int>(lengths.size()); }
+  DType cache_dtype() const { return fp8_cache ? DType::fp8_e4m3 : dtype; }
   int dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   bool paged() const { return page_size > 0; }
   // Keys sequence b attends over.
@@ -95,6 +103,8 @@ inline std::string kv_case_name(const KvCase& c) {
   if (c.capacity > 0) n += "_cap" + std::to_string(c.capacity);
   if (c.num_splits > 0) n += "_splits" + std::to_string(c.num_splits);
   if (c.backend == Backend::cpu_reference) n += "_reference";
+  if (c.fp8_cache) n += "_fp8cache";
+  if (c.descales > 0) n += "_descale" + std::to_string(c.descales);
   n += "_len";  // then _L for each sequence
   for (int b = 0; b < c.batch(); ++b) n.append("_").append(std::to_string(c.lengths[b]));
   return n;
@@ -105,6 +115,17 @@ inline void PrintTo(const KvCase& c, std::ostream* os) { *os << kv_case_name(c);
 // Views of a case's tensors, wherever their memory is; tensors() points into this object.
 struct KvViews {
   TensorView q, k_cache, v_cache, cache_seqlens, out, block_table, k_new, v_new, lse;
+  TensorView k_descale, v_descale;
+
+  // The case's options with the descales of these views.
+  AttentionOptions options(const KvCase& c) const {
+    AttentionOptions o = c.options();
+    if (c.descales > 0) {
+      o.descale.k = &k_descale;
+      o.descale.v = &v_descale;
+    }
+    return o;
+  }
 
   KVCacheTensors tensors(const KvCase& c) const {
     KVCacheTensors t{q, k_cache, v_cache, cache_seqlens, out};
@@ -121,6 +142,8 @@ struct KvViews {
 // A case's host tensors: inputs random (rounded to the dtype), outputs NaN.
 struct KvTensors {
   HostTensor q, k_cache, v_cache, k_new, v_new, out, lse, cache_seqlens, block_table;
+  // fp32 descales: [1], or [B, Hkv] stored with a padded batch stride (strides are free).
+  HostTensor k_descale, v_descale;
   // The keys and values held before the call, logical [B, longest length, Hkv, D|Dv]: what
   // the cache holds below the lengths, and the oracle's input.
   HostTensor k_old, v_old;
@@ -130,14 +153,25 @@ struct KvTensors {
     const int first_dim = c.paged() ? c.num_pages() : B;
     q = HostTensor::bnhd(c.dtype, B, c.nnew, c.heads_q, d, c.layout);
     out = HostTensor::bnhd(c.dtype, B, c.nnew, c.heads_q, dv, c.layout);
-    k_cache = HostTensor::bnhd(c.dtype, first_dim, c.cache_rows(), hkv, d, c.layout);
-    v_cache = HostTensor::bnhd(c.dtype, first_dim, c.cache_rows(), hkv, dv, c.layout);
+    k_cache = HostTensor::bnhd(c.cache_dtype(), first_dim, c.cache_rows(), hkv, d, c.layout);
+    v_cache = HostTensor::bnhd(c.cache_dtype(), first_dim, c.cache_rows(), hkv, dv, c.layout);
     k_new = HostTensor::bnhd(c.dtype, B, c.nnew, hkv, d, c.layout);
     v_new = HostTensor::bnhd(c.dtype, B, c.nnew, hkv, dv, c.layout);
     lse = HostTensor(DType::fp32, {B, c.heads_q, c.nnew});
-    k_old = HostTensor(c.dtype, {B, c.max_length(), hkv, d});
-    v_old = HostTensor(c.dtype, {B, c.max_length(), hkv, dv});
+    k_old = HostTensor(c.cache_dtype(), {B, c.max_length(), hkv, d});
+    v_old = HostTensor(c.cache_dtype(), {B, c.max_length(), hkv, dv});
     for (HostTensor* t : {&q, &k_new, &v_new, &k_old, &v_old}) fill_normal(*t, rng);
+    if (c.descales == 1) {
+      k_descale = HostTensor(DType::fp32, {1});
+      v_descale = HostTensor(DType::fp32, {1});
+    } else if (c.descales == 2) {
+      k_descale = HostTensor(DType::fp32, {B, hkv + 3});
+      v_descale = HostTensor(DType::fp32, {B, hkv + 3});
+    }
+    const auto uniform = [&rng] { return 0.25 + 0.75 * static_cast<double>(rng() >> 11) * 0x1p-53; };
+    for (HostTensor* t : {&k_descale, &v_descale})
+      for (std::int64_t i = 0; c.descales > 0 && i < t->numel(); ++i)
+        t->set(i, static_cast<float>(uniform()));
     out.poison();
     lse.poison();
 
@@ -179,9 +213,22 @@ struct KvTensors {
     return {static_cast<std::int64_t>(page), row % c.page_size};
   }
 
+  // The descale of kv head g of sequence b (1 without descales).
+  static float factor(const KvCase& c, const HostTensor& t, int b, int g) {
+    if (c.descales == 0) return 1.0f;
+    if (c.descales == 1) return t.get(0);
+    return t.get(std::int64_t{b} * (c.heads_kv + 3) + g);
+  }
+  float k_factor(const KvCase& c, int b, int g) const { return factor(c, k_descale, b, g); }
+  float v_factor(const KvCase& c, int b, int g) const { return factor(c, v_descale, b, g); }
+
   KvViews host_views() {
-    return {q.view(), k_cache.view(), v_cache.view(), cache_seqlens.view(), out.view(),
-            block_table.view(), k_new.view(), v_new.view(), lse.view()};
+    KvViews v{q.view(), k_cache.view(), v_cache.view(), cache_seqlens.view(), out.view(),
+              block_table.view(), k_new.view(), v_new.view(), lse.view(),
+              k_descale.view(), v_descale.view()};
+    // [B, Hkv] views of the padded [B, Hkv + 3] storage.
+    if (k_descale.rank() == 2) v.k_descale.shape[1] = v.v_descale.shape[1] = k_descale.shape()[1] - 3;
+    return v;
   }
 };
 
@@ -202,8 +249,32 @@ inline KvExpected kv_oracle(const KvCase& c, const KvTensors& t) {
   const int right = c.causal ? 0 : c.window_right;
   const double scale = c.scale ? *c.scale : 1.0f / std::sqrt(static_cast<float>(d));
   const double inf = std::numeric_limits<double>::infinity();
-  const std::vector<double> q = t.q.values(), k_old = t.k_old.values(), v_old = t.v_old.values(),
-                            k_new = t.k_new.values(), v_new = t.v_new.values();
+  std::vector<double> q = t.q.values(), k_old = t.k_old.values(), v_old = t.v_old.values(),
+                      k_new = t.k_new.values(), v_new = t.v_new.values();
+  if (c.fp8_cache) {
+    // Cached rows: codes times descales; new rows: quantised by the append, then the same.
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < hkv; ++g) {
+        const double kf = t.k_factor(c, b, g), vf = t.v_factor(c, b, g);
+        for (int j = 0; j < longest; ++j) {
+          for (int a = 0; a < d; ++a) k_old[((std::int64_t{b} * longest + j) * hkv + g) * d + a] *= kf;
+          for (int a = 0; a < dv; ++a) v_old[((std::int64_t{b} * longest + j) * hkv + g) * dv + a] *= vf;
+        }
+        const auto quantised = [](double x, float f) {
+          return static_cast<double>(detail::e4m3_to_float(detail::float_to_e4m3(static_cast<float>(x) / f))) * f;
+        };
+        for (int i = 0; i < nq; ++i) {
+          for (int a = 0; a < d; ++a) {
+            double& x = k_new[((std::int64_t{b} * nq + i) * hkv + g) * d + a];
+            x = quantised(x, static_cast<float>(kf));
+          }
+          for (int a = 0; a < dv; ++a) {
+            double& x = v_new[((std::int64_t{b} * nq + i) * hkv + g) * dv + a];
+            x = quantised(x, static_cast<float>(vf));
+          }
+        }
+      }
+  }
   KvExpected e{std::vector<double>(static_cast<std::size_t>(B) * nq * hq * dv, 0.0),
                std::vector<double>(static_cast<std::size_t>(B) * hq * nq, -inf)};
   for (int b = 0; b < B; ++b) {
@@ -289,10 +360,13 @@ inline void expect_cache_after(const KvCase& c, const KvTensors& before, const H
       for (int i = 0; i < c.nnew; ++i) {
         const auto [first, row] = before.slot(c, b, c.lengths[b] + i);
         for (int h = 0; h < hkv; ++h) {
+          // An fp8 cache gets e4m3(x / descale): set() rounds the float32 quotient to e4m3.
+          const float kf = c.fp8_cache ? before.k_factor(c, b, h) : 1.0f;
+          const float vf = c.fp8_cache ? before.v_factor(c, b, h) : 1.0f;
           for (int a = 0; a < d; ++a)
-            k_want.set(((first * c.cache_rows() + row) * hkv + h) * d + a, before.k_new.at(b, i, h, a));
+            k_want.set(((first * c.cache_rows() + row) * hkv + h) * d + a, before.k_new.at(b, i, h, a) / kf);
           for (int a = 0; a < dv; ++a)
-            v_want.set(((first * c.cache_rows() + row) * hkv + h) * dv + a, before.v_new.at(b, i, h, a));
+            v_want.set(((first * c.cache_rows() + row) * hkv + h) * dv + a, before.v_new.at(b, i, h, a) / vf);
         }
       }
   for (const auto& [want, got, name] :

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fp8.hpp"
 #include "common/half.hpp"
 #include "common/mask.hpp"
 #include "flashcpp/flashcpp.hpp"
@@ -29,6 +30,7 @@ inline float round_to(DType dtype, float x) {
   switch (dtype) {
     case DType::fp16: return detail::fp16_to_float(detail::float_to_fp16(x));
     case DType::bf16: return detail::bf16_to_float(detail::float_to_bf16(x));
+    case DType::fp8_e4m3: return detail::e4m3_to_float(detail::float_to_e4m3(x));
     default: return x;
   }
 }
@@ -147,6 +149,8 @@ class HostTensor {
     if (dtype_ == DType::fp32 || dtype_ == DType::int32) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
       for (std::size_t i = 0; i + 4 <= storage_.size(); i += 4) std::memcpy(&storage_[i], &nan, 4);
+    } else if (dtype_ == DType::fp8_e4m3) {
+      std::fill(storage_.begin(), storage_.end(), std::uint8_t{0x7f});
     } else {
       const std::uint16_t nan = dtype_ == DType::fp16 ? 0x7e00 : 0x7fc0;
       for (std::size_t i = 0; i + 2 <= storage_.size(); i += 2) std::memcpy(&storage_[i], &nan, 2);
@@ -174,6 +178,7 @@ class HostTensor {
     switch (dtype_) {
       case DType::fp16: std::memcpy(&h, p, 2); return detail::fp16_to_float(h);
       case DType::bf16: std::memcpy(&h, p, 2); return detail::bf16_to_float(h);
+      case DType::fp8_e4m3: return detail::e4m3_to_float(*p);
       case DType::int32: {
         std::int32_t i;
         std::memcpy(&i, p, 4);
@@ -188,6 +193,7 @@ class HostTensor {
     switch (dtype_) {
       case DType::fp16: h = detail::float_to_fp16(x); std::memcpy(p, &h, 2); return;
       case DType::bf16: h = detail::float_to_bf16(x); std::memcpy(p, &h, 2); return;
+      case DType::fp8_e4m3: *p = detail::float_to_e4m3(x); return;
       case DType::int32: {
         const auto i = static_cast<std::int32_t>(x);
         std::memcpy(p, &i, 4);

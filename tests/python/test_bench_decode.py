@@ -107,6 +107,18 @@ def test_decode_bytes():
     assert G.mode_flops(c, "decode") == 4 * 64 * 32 * 1 * 65536 * 128
 
 
+def test_fp8_cache_bytes_and_flags():
+    # e4m3: one byte per cached element, bf16 queries and output
+    c = dcase(B=64, L=65536, dtype=G.FP8_CACHE)
+    q = 64 * 1 * 32 * 128 * 2
+    assert G.kv_bytes(c) == 8 * GIB
+    assert G.decode_bytes(c) == 8 * GIB + 2 * q
+    assert G.cache_bytes(dcase(B=2, L=1000, dtype=G.FP8_CACHE), "paged16") == \
+        2 * (2 * 65 * 16) * 8 * 128 + 2 * 64 * 4
+    a = DC.parse_args(["--dtype", "e4m3"])
+    assert a.impl_list == ["flashcpp"] and {x.dtype for x in a.cases} == {"e4m3"}
+
+
 def test_layout_names():
     assert [G.page_size(x) for x in G.LAYOUTS] == [0, 16, 64, 256]
     assert G.decode_series("flashcpp", "contiguous") == "flashcpp"

@@ -347,7 +347,7 @@ def test_torch_ops_pass_opcheck(rng, torch):
     # Schema (the declared mutations), fake tensors, AOT dispatch of both ops. The append op
     # runs several times over; it writes the same rows each time.
     (q, k_cache, v_cache, k, v, lens, table), _ = torch_case(torch, rng, torch.float32, "cpu")
-    options = (True, None, -1, -1, 0.0, 0, "auto")
+    options = (True, None, -1, -1, 0.0, 0, "auto", None, None)  # no descales
     torch.library.opcheck(torch.ops.flashcpp.attention_with_kvcache_append.default,
                           (q, k_cache, v_cache, k, v, lens, table, *options))
     torch.library.opcheck(torch.ops.flashcpp.attention_with_kvcache.default,

@@ -20,11 +20,12 @@ struct RegistryEntry {
 template <class Entry>
 inline constexpr RegistryEntry<Entry> kRegistrySentinel{ElementType::fp32, 0, nullptr};
 
-// "fp16", "bf16", "fp32": kernel names and error messages.
+// "fp16", "bf16", "fp8_e4m3", "fp32": kernel names and error messages.
 inline const char* dtype_name(ElementType t) {
   switch (t) {
     case ElementType::fp16: return "fp16";
     case ElementType::bf16: return "bf16";
+    case ElementType::fp8_e4m3: return "fp8_e4m3";
     default: return "fp32";
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Host side of the KV-cache decode seen by the planner (cuda_backend.cu): which
 // instantiations this build has, the split count and the kernel names reported in RunInfo.
-// Not covered: dtypes other than fp16/bf16 (a clear error).
+// Not covered: dtypes other than fp16/bf16, and fp8_e4m3 caches with other than bf16 q (a
+// clear error). An fp8_e4m3 entry of the registry is a bf16-q kernel over an e4m3 cache.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -41,14 +42,30 @@ inline const DecodeKernel& decode_kernel_for(const KVCacheParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16)
     throw Error(std::string("cuda kvcache: dtype ") + dtype_name(p.dtype) +
                 " is not supported (supported: fp16, bf16)");
+  const bool fp8 = p.kv_dtype == ElementType::fp8_e4m3;
+  if (fp8 && p.dtype != ElementType::bf16)
+    throw Error(std::string("cuda kvcache: an fp8_e4m3 cache takes q, k_new, v_new and out in "
+                            "bf16, got ") + dtype_name(p.dtype));
+  // The kernel moves e4m3 rows in 16-byte chunks: a head dim of 8 (mod 16) would read 8
+  // bytes past each head vector.
+  if (fp8 && (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0))
+    throw Error("cuda kvcache: an fp8_e4m3 cache needs head dims that are multiples of 16, got " +
+                std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v));
+  const ElementType key = fp8 ? ElementType::fp8_e4m3 : p.dtype;
+  const char* what = fp8 ? "fp8_e4m3 cache" : dtype_name(p.dtype);
   const int head_dim = std::max(p.head_dim, p.head_dim_v);
-  const DecodeKernel* k = smallest_covering(kDecodeKernels, p.dtype, head_dim);
+  const DecodeKernel* k = smallest_covering(kDecodeKernels, key, head_dim);
   if (!k)
     throw Error("cuda kvcache: no decode kernel for head dim " + std::to_string(head_dim) + " " +
-                dtype_name(p.dtype) + " in this build (built head dims for " + dtype_name(p.dtype) +
-                ": " + built_head_dims(kDecodeKernels, p.dtype) +
+                what + " in this build (built head dims for " + what + ": " +
+                built_head_dims(kDecodeKernels, key) +
                 "); configure with -DFLASHCPP_HEAD_DIMS=... and -DFLASHCPP_DTYPES=...");
   return *k;
+}
+
+// The tile an instantiation runs: fp8 caches have more stages.
+inline DecodeTile decode_tile_of(const DecodeKernel& k) {
+  return k.dtype == ElementType::fp8_e4m3 ? decode_tile_fp8(k.head_dim) : decode_tile(k.head_dim);
 }
 
 inline int decode_rows(const KVCacheParams& p) { return p.seqlen_q * (p.heads_q / p.heads_kv); }
@@ -75,9 +92,10 @@ inline int decode_splits(const KVCacheParams& p, const DecodeTile& t, int sm_cou
   return int(splits);
 }
 
-// RunInfo::kernel, e.g. "sm80_decode_bf16_hdim128_16x64_s4_splitkv".
+// RunInfo::kernel, e.g. "sm80_decode_bf16_hdim128_16x64_s4_splitkv" ("fp8_e4m3" names a bf16
+// kernel over an e4m3 cache).
 inline const char* decode_kernel_name(const DecodeKernel& k, bool split) {
-  const DecodeTile t = decode_tile(k.head_dim);
+  const DecodeTile t = decode_tile_of(k);
   return intern_name(std::string("sm80_decode_") + dtype_name(k.dtype) + "_hdim" +
                      std::to_string(k.head_dim) + "_" + std::to_string(kDecodeRows) + "x" +
                      std::to_string(t.block_n) + "_s" + std::to_string(t.stages) +

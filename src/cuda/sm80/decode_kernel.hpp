@@ -12,8 +12,12 @@
 //              O += P V on mma.sync m16n8k16, with its own online softmax;
 //   epilogue   the warps' (max, sum, O) are merged through shared memory; O and lse go to
 //              the output, or, split, to the workspace for the combine kernel.
+// An fp8 (e4m3) cache (Cache = std::uint8_t, q and out bf16) streams its bytes the same way and
+// turns them into bf16 operands in registers (decode_fp8_fragments.hpp); its descales scale
+// the scores and the output in fp32.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "cuda/common/dependent_launch.hpp"
@@ -21,27 +25,35 @@
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/kvcache_layout.hpp"
+#include "cuda/sm80/decode_fp8_fragments.hpp"
 #include "cuda/sm80/decode_tile_table.hpp"
 #include "cuda/sm80/mma_ptx.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 
-template <class Element_, int kHeadDim_>
+// Element: q, k_new, v_new and out; Cache: the caches' elements (Element, or std::uint8_t
+// holding e4m3 with Element bf16).
+template <class Element_, int kHeadDim_, class Cache_ = Element_>
 struct DecodeTraits {
   using Element = Element_;
+  using Cache = Cache_;
+  static constexpr bool kFp8 = std::is_same_v<Cache, std::uint8_t>;
+  static_assert(!kFp8 || std::is_same_v<Element, cutlass::bfloat16_t>, "fp8 caches take bf16 q");
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr DecodeTile kTile = decode_tile(kHeadDim);
+  static constexpr DecodeTile kTile = kFp8 ? decode_tile_fp8(kHeadDim) : decode_tile(kHeadDim);
   static_assert(kTile.head_dim == kHeadDim, "decode instantiations use the tile table's head dims");
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
   static constexpr int kThreads = kDecodeWarps * 32;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kSmemBytes = decode_smem_bytes(kTile, int(sizeof(Element)));
+  static constexpr int kQChunks = kHeadDim / 8;  // 16-byte chunks per row of Q
+  static constexpr int kChunks = kHeadDim * int(sizeof(Cache)) / 16;  // ... of K and V
+  static constexpr int kChunkElems = 16 / int(sizeof(Cache));
+  static constexpr int kSmemBytes = decode_smem_bytes(kTile, int(sizeof(Element)), int(sizeof(Cache)));
   static_assert(kBlockN == 16 * kDecodeWarps, "each warp takes 16 keys of a block");
-  static_assert(kChunks >= 8, "the swizzle permutes 8 chunks");
+  static_assert(kQChunks >= 8, "the swizzle permutes 8 chunks");
   // The epilogue's merge buffer (fp32 O of every warp) reuses the K/V stages.
   static_assert(kDecodeWarps * kDecodeRows * kHeadDim * 4 <=
-                2 * kStages * kBlockN * kHeadDim * int(sizeof(Element)));
+                2 * kStages * kBlockN * kHeadDim * int(sizeof(Cache)));
 };
 
 // Element index of 16-byte chunk `chunk` of row `row` in a [rows][kChunks * 8] tile. Chunks are
@@ -55,13 +67,22 @@ template <class Traits, bool kSoftcap, bool kPaged>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
   using Element = typename Traits::Element;
+  using Cache = typename Traits::Cache;
+  constexpr bool kFp8 = Traits::kFp8;
   constexpr int D = Traits::kHeadDim, BN = Traits::kBlockN, kStages = Traits::kStages;
-  constexpr int C = Traits::kChunks;
+  constexpr int C = Traits::kChunks, QC = Traits::kQChunks, kChunkElems = Traits::kChunkElems;
   const KVCacheParams& p = kp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Element* s_q = reinterpret_cast<Element*>(smem_raw);  // [16][D]
-  Element* s_k = s_q + kDecodeRows * D;                 // [stages][BN][D]
-  Element* s_v = s_k + kStages * BN * D;
+  Element* s_q = reinterpret_cast<Element*>(smem_raw);    // [16][D]
+  Cache* s_k = reinterpret_cast<Cache*>(s_q + kDecodeRows * D);  // [stages][BN][D]
+  Cache* s_v = s_k + kStages * BN * D;
+  // Element offset of a K/V chunk in a stage.
+  const auto kv_slot = [](int row, int chunk) {
+    if constexpr (kFp8)
+      return fp8_swizzled<C>(row, chunk);
+    else
+      return swizzled<C>(row, chunk);
+  };
 
   const int head_kv = int(blockIdx.x % unsigned(p.heads_kv));
   const int b = int(blockIdx.x / unsigned(p.heads_kv));
@@ -71,6 +92,24 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   const int g = lane / 4, tq = lane % 4;
   // The split-KV combine may launch once every CTA has started; it waits for their results.
   allow_dependent_launch();
+
+  // fp8 caches: the descales of q . k fold into the score scale, v's into the normaliser.
+  // 16-bit caches read the kernel parameters themselves (copies would take registers).
+  float fp8_scale_log2 = kp.scale_log2, fp8_lse_scale = kp.lse_scale;
+  float fp8_softcap_in = kp.softcap_in_scale, out_factor = 1.f;
+  if constexpr (kFp8) {
+    const float qk = p.q_descale.at(b, head_kv) * p.k_descale.at(b, head_kv);
+    if constexpr (kSoftcap) {
+      fp8_softcap_in *= qk;
+    } else {
+      fp8_scale_log2 *= qk;
+      fp8_lse_scale *= qk;
+    }
+    out_factor = p.v_descale.at(b, head_kv);
+  }
+  const float& scale_log2 = kFp8 ? fp8_scale_log2 : kp.scale_log2;
+  const float& lse_scale = kFp8 ? fp8_lse_scale : kp.lse_scale;
+  const float& softcap_in = kFp8 ? fp8_softcap_in : kp.softcap_in_scale;
 
   // ---- scheduler: the key blocks of this CTA ----
   const int n_keys = kvcache_keys(p, b);
@@ -88,14 +127,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 
   // ---- loads (cp.async, zero fill where nothing may be read) ----
   const Element* q = static_cast<const Element*>(p.q);
-  for (int i = tid; i < kDecodeRows * C; i += Traits::kThreads) {
-    const int r = i / C, c = i % C, row = row0 + r;
+  for (int i = tid; i < kDecodeRows * QC; i += Traits::kThreads) {
+    const int r = i / QC, c = i % QC, row = row0 + r;
     const int t = row / kp.group, h = head_kv * kp.group + row % kp.group;
     const bool ok = r < rows_here && c * 8 < p.head_dim;
     const Element* src = ok ? q + b * p.q_stride.batch + std::int64_t(t) * p.q_stride.row +
                                   std::int64_t(h) * p.q_stride.head + c * 8
                             : q;
-    cp_async_16(s_q + swizzled<C>(r, c), src, ok);
+    cp_async_16(s_q + swizzled<QC>(r, c), src, ok);
   }
   // Each thread copies one 16-byte chunk column of kRowsPerThread consecutive rows of a block.
   // Consecutive rows share a page whenever the page size is a multiple of kRowsPerThread (every
@@ -107,13 +146,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   static_assert(Traits::kThreads % C == 0 && BN % kRowGroups == 0);
   const int chunk = tid % C, row_base = (tid / C) * kRowsPerThread;
   const Strides ks = p.k_stride, vs = p.v_stride;
-  const Element* k_head = static_cast<const Element*>(p.k) + std::int64_t(head_kv) * ks.head + chunk * 8;
-  const Element* v_head = static_cast<const Element*>(p.v) + std::int64_t(head_kv) * vs.head + chunk * 8;
+  const Cache* k_head = static_cast<const Cache*>(p.k) + std::int64_t(head_kv) * ks.head + chunk * kChunkElems;
+  const Cache* v_head = static_cast<const Cache*>(p.v) + std::int64_t(head_kv) * vs.head + chunk * kChunkElems;
   if constexpr (!kPaged) {
     k_head += b * ks.batch;
     v_head += b * vs.batch;
   }
-  const bool k_col = chunk * 8 < p.head_dim, v_col = chunk * 8 < p.head_dim_v;
+  const bool k_col = chunk * kChunkElems < p.head_dim, v_col = chunk * kChunkElems < p.head_dim_v;
   const bool rows_share_page = !kPaged || p.page_size % kRowsPerThread == 0;
   // Paged, rows sharing a page: the block-table entry of the next block this thread loads is
   // read one load_block ahead, so its latency hides behind a block's compute instead of
@@ -128,8 +167,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   const auto load_block = [&](int blk, int stage) {
     const int key0 = blk * BN + row_base;
     int rows = min(kRowsPerThread, n_keys - key0);  // this thread's rows inside the sequence
-    Element* sk = s_k + stage * BN * D;
-    Element* sv = s_v + stage * BN * D;
+    Cache* sk = s_k + stage * BN * D;
+    Cache* sv = s_v + stage * BN * D;
     if (rows_share_page) {
       std::int64_t k_row0 = 0, v_row0 = 0;
       if (rows > 0) {
@@ -147,8 +186,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
-        cp_async_16(sk + swizzled<C>(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
-        cp_async_16(sv + swizzled<C>(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+        cp_async_16(sk + kv_slot(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
+        cp_async_16(sv + kv_slot(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
       }
     } else if constexpr (kPaged) {
       // Pages whose size is not a multiple of kRowsPerThread: each row looks up its own page.
@@ -157,9 +196,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
         const int page = j < rows ? cache_page(p, b, key0 + j) : -1;
         const bool k_ok = page >= 0 && k_col, v_ok = page >= 0 && v_col;
         const std::int64_t in_page = row_in_page(p, key0 + j);
-        cp_async_16(sk + swizzled<C>(row_base + j, chunk),
+        cp_async_16(sk + kv_slot(row_base + j, chunk),
                     k_ok ? k_head + page * ks.batch + in_page * ks.row : k_head, k_ok);
-        cp_async_16(sv + swizzled<C>(row_base + j, chunk),
+        cp_async_16(sv + kv_slot(row_base + j, chunk),
                     v_ok ? v_head + page * vs.batch + in_page * vs.row : v_head, v_ok);
       }
     }
@@ -183,29 +222,41 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const int m = lane / 8;
-        ldmatrix_x4(q_frag[kk], s_q + swizzled<C>((m % 2) * 8 + lane % 8, kk * 2 + m / 2));
+        if constexpr (kFp8) {
+          fp8_q_fragment<QC>(q_frag[kk], s_q, kk, lane,
+                             [](int row, int chunk) { return swizzled<QC>(row, chunk); });
+        } else {
+          const int m = lane / 8;
+          ldmatrix_x4(q_frag[kk], s_q + swizzled<QC>((m % 2) * 8 + lane % 8, kk * 2 + m / 2));
+        }
       }
     }
     if (blk + kStages - 1 < blk_end) load_block(blk + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
 
-    const Element* sk = s_k + (it % kStages) * BN * D;
-    const Element* sv = s_v + (it % kStages) * BN * D;
+    const Cache* sk = s_k + (it % kStages) * BN * D;
+    const Cache* sv = s_v + (it % kStages) * BN * D;
     float s[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t kf[4];
-      const int m = lane / 8;
-      ldmatrix_x4(kf, sk + swizzled<C>(warp * 16 + (m / 2) * 8 + lane % 8, kk * 2 + m % 2));
-      mma_16816<Element>(s[0], q_frag[kk], kf[0], kf[1]);
-      mma_16816<Element>(s[1], q_frag[kk], kf[2], kf[3]);
+      if constexpr (kFp8) {
+        std::uint32_t kf[2][2];
+        fp8_k_fragments<C>(kf, sk, warp * 16, kk, lane);
+        mma_16816<Element>(s[0], q_frag[kk], kf[0][0], kf[0][1]);
+        mma_16816<Element>(s[1], q_frag[kk], kf[1][0], kf[1][1]);
+      } else {
+        std::uint32_t kf[4];
+        const int m = lane / 8;
+        ldmatrix_x4(kf, sk + swizzled<C>(warp * 16 + (m / 2) * 8 + lane % 8, kk * 2 + m % 2));
+        mma_16816<Element>(s[0], q_frag[kk], kf[0], kf[1]);
+        mma_16816<Element>(s[1], q_frag[kk], kf[2], kf[3]);
+      }
     }
     if constexpr (kSoftcap) {
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = tanhf(s[n][e] * kp.softcap_in_scale);
+        for (int e = 0; e < 4; ++e) s[n][e] = tanhf(s[n][e] * softcap_in);
     }
     const int key0 = blk * BN + warp * 16;
     if (blk * BN < full_begin || (blk + 1) * BN > full_end || (blk + 1) * BN > n_keys) {
@@ -226,8 +277,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
           quad_max(fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
       const float m = fmaxf(row_max[r], block_max);
       // A row that has seen no visible key keeps max -inf: offset 0 keeps exp2 at 0, not NaN.
-      const float m_scaled = m == -INFINITY ? 0.f : m * kp.scale_log2;
-      const float rescale = fast_exp2(row_max[r] * kp.scale_log2 - m_scaled);
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      const float rescale = fast_exp2(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       row_sum[r] *= rescale;
 #pragma unroll
@@ -239,20 +290,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[n][e] = fast_exp2(s[n][e] * kp.scale_log2 - m_scaled);
+          s[n][e] = fast_exp2(s[n][e] * scale_log2 - m_scaled);
           row_sum[r] += s[n][e];
         }
     }
     // P as the A operand of P V: the S accumulators of two n8 tiles are one k16 A tile.
     const std::uint32_t p_frag[4] = {pack2<Element>(s[0][0], s[0][1]), pack2<Element>(s[0][2], s[0][3]),
                                      pack2<Element>(s[1][0], s[1][1]), pack2<Element>(s[1][2], s[1][3])};
+    if constexpr (kFp8) {
+      fp8_pv<D, C>(acc_o, p_frag, sv, warp * 16, lane,
+                   [](float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+                     mma_16816<Element>(c, a, b0, b1);
+                   });
+    } else {
 #pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
-      std::uint32_t vf[4];
-      const int m = lane / 8;
-      ldmatrix_x4_trans(vf, sv + swizzled<C>(warp * 16 + (m % 2) * 8 + lane % 8, dd * 2 + m / 2));
-      mma_16816<Element>(acc_o[2 * dd], p_frag, vf[0], vf[1]);
-      mma_16816<Element>(acc_o[2 * dd + 1], p_frag, vf[2], vf[3]);
+      for (int dd = 0; dd < D / 16; ++dd) {
+        std::uint32_t vf[4];
+        const int m = lane / 8;
+        ldmatrix_x4_trans(vf, sv + swizzled<C>(warp * 16 + (m % 2) * 8 + lane % 8, dd * 2 + m / 2));
+        mma_16816<Element>(acc_o[2 * dd], p_frag, vf[0], vf[1]);
+        mma_16816<Element>(acc_o[2 * dd + 1], p_frag, vf[2], vf[3]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -287,22 +345,24 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w)
         if (merge_max[w][tid] != -INFINITY)
-          sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * kp.scale_log2);
+          sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * scale_log2);
     }
     const bool empty = !(sum > 0.f);
-    row_scale[tid] = empty ? 0.f : 1.f / sum;
-    row_lse[tid] = empty ? -INFINITY : m * kp.lse_scale + logf(sum);
+    row_scale[tid] = empty ? 0.f : (kFp8 ? out_factor / sum : 1.f / sum);
+    row_lse[tid] = empty ? -INFINITY : m * lse_scale + logf(sum);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
     const float m = row_offset(row);
-    const float weight = m == -INFINITY ? 0.f : fast_exp2((row_max[r] - m) * kp.scale_log2);
+    const float weight = m == -INFINITY ? 0.f : fast_exp2((row_max[r] - m) * scale_log2);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      const int col = n * 8 + 2 * tq;
-      merge_o[(warp * kDecodeRows + row) * D + col] = acc_o[n][2 * r] * weight;
-      merge_o[(warp * kDecodeRows + row) * D + col + 1] = acc_o[n][2 * r + 1] * weight;
+      // fp8: V's n index was permuted (decode_fp8_fragments.hpp).
+      const int col0 = kFp8 ? fp8_v_dim<D>(n, 2 * tq) : n * 8 + 2 * tq;
+      const int col1 = kFp8 ? fp8_v_dim<D>(n, 2 * tq + 1) : col0 + 1;
+      merge_o[(warp * kDecodeRows + row) * D + col0] = acc_o[n][2 * r] * weight;
+      merge_o[(warp * kDecodeRows + row) * D + col1] = acc_o[n][2 * r + 1] * weight;
     }
   }
   __syncthreads();

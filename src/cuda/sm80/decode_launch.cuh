@@ -16,11 +16,12 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
-template <class Element, int kHeadDim>
+// Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
+template <class Element, int kHeadDim, class Cache = Element>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
-  using Traits = DecodeTraits<Element, kHeadDim>;
+  using Traits = DecodeTraits<Element, kHeadDim, Cache>;
   const KVCacheParams& p = kp.p;
-  if (p.appends()) launch_kvcache_append(kp, stream);
+  if (p.appends()) launch_kvcache_append<Element, Cache>(kp, stream);
   const bool softcap = kp.softcap_in_scale != 0.f, paged = p.paged();
   const auto kernel = softcap ? (paged ? &decode_kernel<Traits, true, true> : &decode_kernel<Traits, true, false>)
                               : (paged ? &decode_kernel<Traits, false, true> : &decode_kernel<Traits, false, false>);

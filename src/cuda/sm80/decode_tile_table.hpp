@@ -35,12 +35,21 @@ constexpr DecodeTile decode_tile(int head_dim) {
   return {0, 0, 0, 0};
 }
 
-// Q (16 rows) plus stages x (K + V) blocks.
-constexpr int decode_smem_bytes(DecodeTile t, int element_bytes) {
-  return (kDecodeRows + 2 * t.stages * t.block_n) * t.head_dim * element_bytes;
+// An fp8 (e4m3) cache: the same tile with twice the stages, so as many bytes are in flight
+// in the same shared memory as for a 16-bit cache.
+constexpr DecodeTile decode_tile_fp8(int head_dim) {
+  DecodeTile t = decode_tile(head_dim);
+  t.stages *= 2;
+  return t;
 }
 
-static_assert(decode_smem_bytes(decode_tile(128), 2) <= 163 * 1024);
-static_assert(decode_smem_bytes(decode_tile(256), 2) <= 163 * 1024);
+// Q (16 rows of q_bytes elements) plus stages x (K + V) blocks of kv_bytes elements.
+constexpr int decode_smem_bytes(DecodeTile t, int q_bytes, int kv_bytes) {
+  return kDecodeRows * t.head_dim * q_bytes + 2 * t.stages * t.block_n * t.head_dim * kv_bytes;
+}
+
+static_assert(decode_smem_bytes(decode_tile(128), 2, 2) <= 163 * 1024);
+static_assert(decode_smem_bytes(decode_tile(256), 2, 2) <= 163 * 1024);
+static_assert(decode_smem_bytes(decode_tile_fp8(256), 2, 1) <= 163 * 1024);
 
 }  // namespace flashcpp::detail::cuda

@@ -1,0 +1,314 @@
+// fp8_e4m3 on the CPU: the e4m3 codec and the byte transpose the decode kernel's fragments use
+// (checked against definitions written here), the float64 reference forward of fp8 q, k, v
+// with descales (against the same reference run on the dequantised values in float32), and
+// the argument errors of fp8 calls.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/byte_perm.hpp"
+#include "common/fp8.hpp"
+#include "flashcpp/flashcpp.hpp"
+#include "test_util.hpp"
+
+namespace flashcpp::test {
+namespace {
+
+// e4m3fn from its definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+// subnormal (m / 8 * 2^-6); S.1111.111 is NaN; no infinities.
+double e4m3_value(int byte) {
+  const int sign = byte >> 7, exponent = (byte >> 3) & 15, mantissa = byte & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
+                                         : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+TEST(Fp8Codec, DecodesEveryByte) {
+  for (int byte = 0; byte < 256; ++byte) {
+    const double want = e4m3_value(byte);
+    const float got = detail::e4m3_to_float(static_cast<std::uint8_t>(byte));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << byte;
+    } else {
+      EXPECT_EQ(static_cast<double>(got), want) << byte;
+      EXPECT_EQ(std::signbit(got), (byte & 0x80) != 0) << byte;
+    }
+  }
+  EXPECT_EQ(detail::e4m3_to_float(0x7e), 448.0f);
+  EXPECT_EQ(detail::e4m3_to_float(0x01), std::ldexp(1.0f, -9));
+}
+
+// The encoder picks the nearest e4m3 value (ties to an even mantissa), saturates at +-448
+// (Inf too) and keeps NaN NaN.
+TEST(Fp8Codec, RoundsToNearestEvenAndSaturates) {
+  std::vector<double> finite;  // the non-negative finite values, ascending
+  for (int byte = 0; byte < 0x7f; ++byte) finite.push_back(e4m3_value(byte));
+  const auto nearest_even = [&](double a) {
+    if (a >= 448.0) return 0x7e;
+    for (int i = 0; i + 1 < static_cast<int>(finite.size()); ++i) {
+      if (a > finite[i + 1]) continue;
+      const double below = a - finite[i], above = finite[i + 1] - a;
+      if (below < above) return i;
+      if (above < below) return i + 1;
+      return (i & 1) == 0 ? i : i + 1;  // tie: the even code (even mantissa)
+    }
+    return 0x7e;
+  };
+  std::mt19937_64 rng(7);
+  std::vector<float> probes = {0.0f, 1e-30f, 0x1p-10f, 0x1p-9f, 0x1.8p-9f, 0x1p-7f, 0x1.1p0f,
+                               1.0625f, 1.1875f, 447.0f, 448.0f, 463.0f, 464.0f, 1e6f};
+  for (int byte = 0; byte + 1 < 0x7f; ++byte)  // the midpoints: ties
+    probes.push_back(static_cast<float>((finite[byte] + finite[byte + 1]) / 2));
+  for (int i = 0; i < 20000; ++i)
+    probes.push_back(std::ldexp(static_cast<float>(rng() >> 40) * 0x1p-24f, static_cast<int>(rng() % 24) - 14));
+  for (float a : probes)
+    for (float x : {a, -a}) {
+      const int want = nearest_even(std::fabs(static_cast<double>(x))) | (std::signbit(x) ? 0x80 : 0);
+      EXPECT_EQ(detail::float_to_e4m3(x), want) << x;
+    }
+  EXPECT_EQ(detail::float_to_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(detail::float_to_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(detail::float_to_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7f, 0x7f);
+  for (int byte = 0; byte < 256; ++byte) {  // every finite code round-trips
+    if ((byte & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(detail::float_to_e4m3(detail::e4m3_to_float(static_cast<std::uint8_t>(byte))), byte);
+  }
+}
+
+// The decode kernel's bulk conversion: 4 bytes into 2 bf16 pairs, each byte in each position.
+TEST(Fp8Codec, FourBytesToBf16Pairs) {
+  std::mt19937_64 rng(11);
+  for (int byte = 0; byte < 256; ++byte)
+    for (int position = 0; position < 4; ++position) {
+      const std::uint32_t others = static_cast<std::uint32_t>(rng());
+      const std::uint32_t w = (others & ~(0xffu << (8 * position))) | (std::uint32_t(byte) << (8 * position));
+      std::uint32_t lo = 0, hi = 0;
+      detail::e4m3x4_to_bf16x2x2(w, lo, hi);
+      const std::uint32_t pairs[2] = {lo, hi};
+      for (int i = 0; i < 4; ++i) {
+        const auto half = static_cast<std::uint16_t>(pairs[i / 2] >> (16 * (i % 2)));
+        const double want = e4m3_value((w >> (8 * i)) & 0xff);
+        const float got = detail::bf16_to_float(half);
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(got)) << byte << " at " << position << ", element " << i;
+        else
+          EXPECT_EQ(static_cast<double>(got), want) << byte << " at " << position << ", element " << i;
+      }
+    }
+}
+
+TEST(Fp8Codec, ByteTranspose) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::uint32_t r[4];
+    for (auto& x : r) x = static_cast<std::uint32_t>(rng());
+    std::uint32_t t[4] = {r[0], r[1], r[2], r[3]};
+    detail::transpose_bytes_4x4(t[0], t[1], t[2], t[3]);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j)
+        EXPECT_EQ((t[j] >> (8 * i)) & 0xff, (r[i] >> (8 * j)) & 0xff) << i << ", " << j;
+  }
+}
+
+// ---- the float64 reference with fp8 inputs -----------------------------------------------------
+
+// fp8 q, k, v (e4m3 codes) with descales, against the reference on float32 tensors holding
+// code * descale: descales of few significant bits keep those products exact in float32, so
+// the two calls compute the same float64 numbers and differ only in the rounding of out.
+struct Fp8Forward {
+  int batch = 2, nq = 37, nk = 70, hq = 8, hkv = 2, d = 64;
+  bool causal = false;
+  int window_left = -1;
+  float softcap = 0.0f;
+  bool varlen = false;
+  DType out_dtype = DType::bf16;
+};
+
+void check_fp8_forward(const Fp8Forward& f) {
+  auto rng = test_rng();
+  const int B = f.batch;
+  // Varlen: the sequences' rows packed as batch 1 of a [1, total, H, D] tensor would not
+  // exercise the per-sequence descales, so varlen packs [total, H, D] with cu_seqlens.
+  const std::vector<int> lq = {f.nq, f.nq / 2 + 1}, lk = {f.nk, f.nk / 3};
+  const int total_q = f.varlen ? lq[0] + lq[1] : 0, total_k = f.varlen ? lk[0] + lk[1] : 0;
+  const auto make = [&](DType t, int n, int h, int dim, int total) {
+    return f.varlen ? HostTensor(t, {total, h, dim}) : HostTensor(t, {B, n, h, dim});
+  };
+  HostTensor q8 = make(DType::fp8_e4m3, f.nq, f.hq, f.d, total_q);
+  HostTensor k8 = make(DType::fp8_e4m3, f.nk, f.hkv, f.d, total_k);
+  HostTensor v8 = make(DType::fp8_e4m3, f.nk, f.hkv, f.d, total_k);
+  fill_normal(q8, rng, 2.0f);
+  fill_normal(k8, rng, 2.0f);
+  fill_normal(v8, rng, 2.0f);
+  // Descales k / 8 for k in 1..15: 4 significant bits, as the codes.
+  HostTensor dq(DType::fp32, {B, f.hkv}), dk(DType::fp32, {B, f.hkv}), dv(DType::fp32, {1});
+  for (HostTensor* t : {&dq, &dk, &dv})
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, static_cast<float>(1 + rng() % 15) / 8.0f);
+  // The dequantised float32 copies.
+  HostTensor q32 = q8.converted(DType::fp32), k32 = k8.converted(DType::fp32), v32 = v8.converted(DType::fp32);
+  const auto sequence_of_row = [&](std::int64_t row, const std::vector<int>& lengths) {
+    return row < lengths[0] ? 0 : 1;
+  };
+  const auto dequantise = [&](HostTensor& t, const HostTensor& factors, int heads, bool keys, bool per_tensor) {
+    const int dim = f.d;
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const std::int64_t row = i / (std::int64_t{heads} * dim);  // b * n + r, or the packed row
+      const int h = static_cast<int>(i / dim % heads);
+      const int g = keys ? h : h / (f.hq / f.hkv);
+      const int b = f.varlen ? sequence_of_row(row, keys ? lk : lq)
+                             : static_cast<int>(row / (keys ? f.nk : f.nq));
+      const float factor = per_tensor ? factors.get(0) : factors.get(std::int64_t{b} * f.hkv + g);
+      t.set(i, t.get(i) * factor);
+    }
+  };
+  dequantise(q32, dq, f.hq, false, false);
+  dequantise(k32, dk, f.hkv, true, false);
+  dequantise(v32, dv, f.hkv, true, true);
+
+  HostTensor out8 = make(f.out_dtype, f.nq, f.hq, f.d, total_q), out32 = make(DType::fp32, f.nq, f.hq, f.d, total_q);
+  HostTensor lse8 = f.varlen ? HostTensor(DType::fp32, {f.hq, total_q}) : HostTensor(DType::fp32, {B, f.hq, f.nq});
+  HostTensor lse32 = lse8;
+  out8.poison();
+  lse8.poison();
+  AttentionOptions o;
+  o.backend = Backend::automatic;  // fp8 on CPU tensors: the reference
+  o.causal = f.causal;
+  o.window_left = f.window_left;
+  o.softcap = f.softcap;
+  const TensorView dqv = dq.view(), dkv = dk.view(), dvv = dv.view();
+  AttentionOptions o8 = o;
+  o8.descale = {&dqv, &dkv, &dvv};
+  o.backend = Backend::cpu_reference;
+  const TensorView lse8v = lse8.view(), lse32v = lse32.view();
+  RunInfo info;
+  if (f.varlen) {
+    HostTensor cuq = cu_seqlens(lq), cuk = cu_seqlens(lk);
+    info = forward_varlen(q8.view(), k8.view(), v8.view(), out8.view(), &lse8v, cuq.view(), cuk.view(),
+                          lq[0], lk[0], o8);
+    forward_varlen(q32.view(), k32.view(), v32.view(), out32.view(), &lse32v, cuq.view(), cuk.view(),
+                   lq[0], lk[0], o);
+  } else {
+    info = forward(q8.view(), k8.view(), v8.view(), out8.view(), &lse8v, o8);
+    forward(q32.view(), k32.view(), v32.view(), out32.view(), &lse32v, o);
+  }
+  EXPECT_EQ(info.backend, Backend::cpu_reference);
+  // out: float64 results rounded once to out's dtype, or to fp32.
+  for (std::int64_t i = 0; i < out8.numel(); ++i) {
+    const float want = round_to(f.out_dtype, out32.get(i));
+    ASSERT_NEAR(out8.get(i), want, ulp(f.out_dtype, want)) << i;
+  }
+  for (std::int64_t i = 0; i < lse8.numel(); ++i) ASSERT_EQ(lse8.get(i), lse32.get(i)) << i;
+}
+
+TEST(Fp8Reference, ForwardWithDescales) { check_fp8_forward({}); }
+
+TEST(Fp8Reference, ForwardMasksSoftcapFp16Out) {
+  Fp8Forward f;
+  f.causal = true;
+  f.window_left = 20;
+  f.softcap = 15.0f;
+  f.out_dtype = DType::fp16;
+  f.d = 128;
+  check_fp8_forward(f);
+}
+
+TEST(Fp8Reference, VarlenForwardPerSequenceDescales) {
+  Fp8Forward f;
+  f.varlen = true;
+  f.causal = true;
+  check_fp8_forward(f);
+}
+
+// ---- argument errors -------------------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_ERROR(call, text) EXPECT_NE(error_of([&] { call; }).find(text), std::string::npos) << error_of([&] { call; })
+
+TEST(Fp8Errors, ForwardArguments) {
+  HostTensor q(DType::fp8_e4m3, {1, 8, 2, 64}), k(DType::fp8_e4m3, {1, 8, 2, 64}),
+      v(DType::fp8_e4m3, {1, 8, 2, 64}), kb(DType::bf16, {1, 8, 2, 64}), out(DType::bf16, {1, 8, 2, 64}),
+      out8(DType::fp8_e4m3, {1, 8, 2, 64}), qb(DType::bf16, {1, 8, 2, 64}), ob(DType::bf16, {1, 8, 2, 64});
+  HostTensor good(DType::fp32, {1, 2}), wrong_shape(DType::fp32, {2, 2}), wrong_type(DType::fp16, {1, 2}),
+      scalar(DType::fp32, {1});
+  AttentionOptions o;
+  EXPECT_NO_THROW(forward(q.view(), k.view(), v.view(), out.view(), nullptr, o));
+  EXPECT_ERROR(forward(q.view(), kb.view(), v.view(), out.view(), nullptr, o),
+               "k: expected dtype fp8_e4m3 (same as q), got bf16");
+  EXPECT_ERROR(forward(qb.view(), k.view(), v.view(), ob.view(), nullptr, o),
+               "k: expected dtype bf16 (same as q), got fp8_e4m3");
+  EXPECT_ERROR(forward(q.view(), k.view(), v.view(), out8.view(), nullptr, o),
+               "out: expected dtype bf16 or fp16 for fp8_e4m3 inputs, got fp8_e4m3");
+  AttentionOptions cpu = o;
+  cpu.backend = Backend::cpu;
+  EXPECT_ERROR(forward(q.view(), k.view(), v.view(), out.view(), nullptr, cpu),
+               "backend: cpu does not take fp8_e4m3 inputs");
+  const TensorView g = good.view(), ws = wrong_shape.view(), wt = wrong_type.view(), sc = scalar.view();
+  AttentionOptions d = o;
+  d.descale.k = &ws;
+  EXPECT_ERROR(forward(q.view(), k.view(), v.view(), out.view(), nullptr, d),
+               "k_descale: expected shape [B, Hkv] = [1, 2] or [1], got [2, 2]");
+  d.descale.k = &wt;
+  EXPECT_ERROR(forward(q.view(), k.view(), v.view(), out.view(), nullptr, d),
+               "k_descale: expected dtype fp32, got fp16");
+  d.descale.k = &sc;
+  d.descale.q = &g;
+  EXPECT_NO_THROW(forward(q.view(), k.view(), v.view(), out.view(), nullptr, d));
+  AttentionOptions b16 = o;
+  b16.descale.v = &g;
+  EXPECT_ERROR(forward(qb.view(), kb.view(), kb.view(), ob.view(), nullptr, b16),
+               "v_descale: given, but v is bf16 (descales apply to fp8_e4m3 tensors only)");
+}
+
+TEST(Fp8Errors, BackwardRefusesFp8) {
+  HostTensor q(DType::fp8_e4m3, {1, 8, 2, 64}), out(DType::bf16, {1, 8, 2, 64}),
+      lse(DType::fp32, {1, 2, 8}), grad(DType::fp8_e4m3, {1, 8, 2, 64});
+  EXPECT_ERROR(backward(q.view(), q.view(), q.view(), out.view(), out.view(), lse.view(), grad.view(),
+                        grad.view(), grad.view()),
+               "q: dtype fp8_e4m3 is not supported by the backward (FP8 is forward and inference only)");
+  HostTensor qb(DType::bf16, {1, 8, 2, 64}), g(DType::bf16, {1, 8, 2, 64}), s(DType::fp32, {1});
+  const TensorView sv = s.view();
+  AttentionOptions o;
+  o.descale.q = &sv;
+  EXPECT_ERROR(backward(qb.view(), qb.view(), qb.view(), out.view(), out.view(), lse.view(), g.view(),
+                        g.view(), g.view(), o),
+               "the backward takes no descales");
+}
+
+TEST(Fp8Errors, KvCacheArguments) {
+  HostTensor q(DType::bf16, {1, 1, 4, 64}), out(DType::bf16, {1, 1, 4, 64}),
+      cache(DType::fp8_e4m3, {1, 16, 2, 64}), cache_b(DType::bf16, {1, 16, 2, 64}),
+      q8(DType::fp8_e4m3, {1, 1, 4, 64}), lens(DType::int32, {1});
+  const KVCacheTensors ok{q.view(), cache.view(), cache.view(), lens.view(), out.view()};
+  EXPECT_NO_THROW(attention_with_kvcache(ok, {}));
+  EXPECT_ERROR(attention_with_kvcache({q.view(), cache.view(), cache_b.view(), lens.view(), out.view()}, {}),
+               "v_cache: expected dtype fp8_e4m3 (same as k_cache), got bf16");
+  EXPECT_ERROR(attention_with_kvcache({q8.view(), cache.view(), cache.view(), lens.view(), out.view()}, {}),
+               "q: dtype fp8_e4m3 is not supported for the KV cache's queries");
+  HostTensor s(DType::fp32, {1});
+  const TensorView sv = s.view();
+  AttentionOptions o;
+  o.descale.q = &sv;
+  EXPECT_ERROR(attention_with_kvcache(ok, o), "q_descale: given, but q is bf16");
+  o.descale.q = nullptr;
+  o.descale.k = &sv;
+  EXPECT_ERROR(attention_with_kvcache({q.view(), cache_b.view(), cache_b.view(), lens.view(), out.view()}, o),
+               "k_descale: given, but k_cache is bf16");
+}
+
+}  // namespace
+}  // namespace flashcpp::test
