@@ -271,14 +271,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   __shared__ float row_scale[kDecodeRows], row_lse[kDecodeRows];
   if (tid < kDecodeRows) {
     const float m = row_offset(tid);
+    // A warp whose max is still -inf has sum 0 (no visible key) or NaN (NaN scores, which
+    // fmaxf skips): weight 0 keeps the NaN, so only a row whose sum is 0 counts as empty.
     float sum = 0.f;
-    if (m != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w)
-        if (merge_max[w][tid] != -INFINITY)
-          sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * kp.scale_log2);
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = merge_max[w][tid];
+      sum += merge_sum[w][tid] * (mw == -INFINITY ? 0.f : fast_exp2((mw - m) * kp.scale_log2));
     }
-    const bool empty = !(sum > 0.f);
+    const bool empty = sum == 0.f;
     row_scale[tid] = empty ? 0.f : 1.f / sum;
     row_lse[tid] = empty ? -INFINITY : m * kp.lse_scale + logf(sum);
   }
