@@ -38,6 +38,22 @@ __device__ __forceinline__ bool zero_non_finite_chunk(void* chunk, int row,
   return true;
 }
 
+// 16-byte shared-memory load and zero store that stay ordered with the other threads' marks
+// (volatile), for tiles that several warpgroups check and zero at once.
+__device__ __forceinline__ uint4 load_shared_volatile(const void* p) {
+  uint4 c;
+  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w)
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(p))));
+  return c;
+}
+__device__ __forceinline__ void zero_shared_volatile(void* p) {
+  asm volatile("st.volatile.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(
+                   static_cast<std::uint32_t>(__cvta_generic_to_shared(p))),
+               "r"(0u)
+               : "memory");
+}
+
 // Whether any bit in [first, last] (block-relative, may reach past [0, 32 * kWords)) is set.
 template <int kWords>
 __device__ __forceinline__ bool any_row_bit(const std::uint32_t* row_bits, int first, int last) {
