@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda_fp16.h>
 #include <cutlass/numeric_types.h>
 
 namespace flashcpp::detail::cuda {
@@ -19,8 +20,9 @@ template <class Element>
 __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
   constexpr std::uint32_t kAbs = 0x7fff7fffu;
-  constexpr std::uint32_t kBias =
-      std::is_same_v<Element, cutlass::half_t> ? 0x04000400u : 0x00800080u;
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kBias = kHalf ? 0x04000400u : 0x00800080u;
   const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
                           ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
   return (t & 0x80008000u) != 0;

@@ -20,6 +20,7 @@
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
+#include "cuda/sm80/bwd_non_finite.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
 #include "cuda/sm80/bwd_traits.hpp"  // ws_row
 #include "cuda/sm80/bwd_warp_gemm.hpp"
@@ -123,14 +124,25 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
+  // NaN/Inf in the blocks the mask cuts (bwd_non_finite.hpp): rows of this step's Q or dO
+  // (zeroed, marked; qdo_marked: some row is), and rows of K (marked at the first such block,
+  // for dQ only; k_checked: 0 not yet, 1 finite, 2 some row marked). Kept in shared memory,
+  // read where used: flags in registers across the products cost spills.
+  static_assert(BM % 32 == 0 && BN % 32 == 0);
+  __shared__ std::uint32_t qdo_marks[BM / 32], k_marks[BN / 32];
+  __shared__ int k_checked, qdo_marked;
+  if (threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
+  if (threadIdx.x < BN / 32) k_marks[threadIdx.x] = 0;
+  if (threadIdx.x == 0) k_checked = qdo_marked = 0;
+
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
     const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
     const int hq = hk * group + i / n_m;
     const int m_block = m_range.begin + i % n_m;
     const int m0 = m_block * BM;
-    const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
-    const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
+    Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
+    Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
 
     // lse_log2 and dsum of this thread's S rows (loaded before the barrier: their latency
@@ -153,6 +165,18 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
     }
     cp_async_commit();
+    // A block the mask cuts: NaN/Inf rows of Q and dO zeroed and marked; K checked once.
+    if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
+      const bool found = mark_non_finite_rows<Tr, QTile, BM, true>(sQ, qdo_marks) |
+                         mark_non_finite_rows<Tr, QTile, BM, true>(sdO, qdo_marks);
+      if (atomic_dq && k_checked == 0) {
+        const bool k_found = mark_non_finite_rows<Tr, KTile, BN, false>(sK, k_marks);
+        if (__syncthreads_or(k_found) && threadIdx.x == 0) k_checked = 2;
+        else if (threadIdx.x == 0) k_checked = 1;
+      }
+      if (__syncthreads_or(found) && threadIdx.x == 0) qdo_marked = 1;
+      // (read after the next barrier, below)
+    }
 
     float acc_s[Tr::kSdpMT][Tr::kSdpNT][4], acc_dp[Tr::kSdpMT][Tr::kSdpNT][4];
     clear_acc(acc_s);
@@ -165,11 +189,18 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
-    if (!mask.tile_unmasked(m_block, BM, n_block, BN))
+    if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
       mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
+      if (qdo_marked) nan_marked_rows(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN, qdo_marks);
+    }
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
+    // Every thread has read the marks (above); the next block marks after its first barrier.
+    if (qdo_marked) {
+      if (threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
+      if (threadIdx.x == 0) qdo_marked = 0;
+    }
 
     // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
     // (stored [query][d] = [k][n]: .trans).
@@ -188,6 +219,13 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       cp_async_commit();
     }
     if (atomic_dq) {
+      // K rows with NaN/Inf are zeroed for this product only (every warp is done with
+      // S = Q K^T: barrier above), so that dS = 0 at hidden pairs stays 0.
+      const bool k_marked = k_checked == 2;  // uniform; set in a block the mask cuts
+      if (k_marked) {
+        zero_marked_rows<Tr, KTile, BN>(sK, k_marks);
+        __syncthreads();
+      }
       // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
       // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
       // sequence and columns past the real head dim are not written.
@@ -235,6 +273,13 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                 if (col < D) atomicAdd(dq_row + col, acc_dq[mt][nt][2 * h + e2]);
               }
           }
+      }
+      // The zeroed K rows back from global memory before the next S = Q K^T reads them.
+      if (k_marked) {
+        __syncthreads();
+        reload_marked_rows<Tr, KTile, BN>(
+            sK, static_cast<const Element*>(p.k) + seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk),
+            p.k_stride.row, D, k_marks);
       }
     }
   }
