@@ -28,6 +28,18 @@ __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   return (t & 0x80008000u) != 0;
 }
 
+// Whether one of the chunk's eight 16-bit values is NaN (not Inf): |x| above the Inf pattern.
+template <class Element>
+__device__ __forceinline__ bool chunk_has_nan(uint4 c) {
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kAbs = 0x7fff7fffu;
+  constexpr std::uint32_t kBias = kHalf ? 0x03ff03ffu : 0x007f007fu;
+  const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
+                          ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
+  return (t & 0x80008000u) != 0;
+}
+
 // Checks the 16-byte chunk at `chunk` (shared memory); a non-finite one is zeroed and its row
 // recorded in `row_bits` (bit row % 32 of word row / 32). Returns whether it was non-finite.
 template <class Element>

@@ -277,9 +277,9 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       // The zeroed K rows back from global memory before the next S = Q K^T reads them.
       if (k_marked) {
         __syncthreads();
-        reload_marked_rows<Tr, KTile, BN>(
-            sK, static_cast<const Element*>(p.k) + seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk),
-            p.k_stride.row, D, k_marks);
+        const Element* const k_rows = static_cast<const Element*>(p.k) +
+                                      seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk);
+        reload_marked_rows<Tr, KTile, BN>(sK, k_rows, p.k_stride.row, D, k_marks);
       }
     }
   }

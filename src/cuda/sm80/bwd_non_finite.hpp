@@ -29,7 +29,8 @@ __device__ __forceinline__ bool mark_non_finite_rows(Element* tile, std::uint32_
     const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
     if constexpr (kZero) {
       found |= zero_non_finite_chunk<Element>(tile + Mat::offset(r, c), r, row_bits);
-    } else if (chunk_non_finite<Element>(*reinterpret_cast<const uint4*>(tile + Mat::offset(r, c)))) {
+    } else if (chunk_non_finite<Element>(
+                   *reinterpret_cast<const uint4*>(tile + Mat::offset(r, c)))) {
       atomicOr(row_bits + r / 32, 1u << (r % 32));
       found = true;
     }
