@@ -125,15 +125,15 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
   // NaN/Inf in the blocks the mask cuts (bwd_non_finite.hpp): rows of this step's Q or dO
-  // (zeroed, marked; qdo_marked: some row is), and rows of K (marked at the first such block,
-  // for dQ only; k_checked: 0 not yet, 1 finite, 2 some row marked). Kept in shared memory,
-  // read where used: flags in registers across the products cost spills.
+  // (zeroed, marked), and rows of K (marked at the first such block, for dQ only; k_checked:
+  // 0 not yet, 1 finite, 2 some row marked). Kept in shared memory and read where used:
+  // flags in registers across the products cost spills.
   static_assert(BM % 32 == 0 && BN % 32 == 0);
   __shared__ std::uint32_t qdo_marks[BM / 32], k_marks[BN / 32];
-  __shared__ int k_checked, qdo_marked;
+  __shared__ int k_checked;
   if (threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
   if (threadIdx.x < BN / 32) k_marks[threadIdx.x] = 0;
-  if (threadIdx.x == 0) k_checked = qdo_marked = 0;
+  if (threadIdx.x == 0) k_checked = 0;
 
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
@@ -167,15 +167,14 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     cp_async_commit();
     // A block the mask cuts: NaN/Inf rows of Q and dO zeroed and marked; K checked once.
     if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
-      const bool found = mark_non_finite_rows<Tr, QTile, BM, true>(sQ, qdo_marks) |
-                         mark_non_finite_rows<Tr, QTile, BM, true>(sdO, qdo_marks);
-      if (atomic_dq && k_checked == 0) {
+      mark_non_finite_rows<Tr, QTile, BM, true>(sQ, qdo_marks);
+      mark_non_finite_rows<Tr, QTile, BM, true>(sdO, qdo_marks);
+      if (atomic_dq && k_checked == 0) {  // every thread reads it before the barrier below
         const bool k_found = mark_non_finite_rows<Tr, KTile, BN, false>(sK, k_marks);
-        if (__syncthreads_or(k_found) && threadIdx.x == 0) k_checked = 2;
-        else if (threadIdx.x == 0) k_checked = 1;
+        const bool k_marked = __syncthreads_or(k_found) != 0;
+        if (threadIdx.x == 0) k_checked = k_marked ? 2 : 1;  // read after the P, dS barrier
       }
-      if (__syncthreads_or(found) && threadIdx.x == 0) qdo_marked = 1;
-      // (read after the next barrier, below)
+      __syncthreads();  // the zeros and marks are visible
     }
 
     float acc_s[Tr::kSdpMT][Tr::kSdpNT][4], acc_dp[Tr::kSdpMT][Tr::kSdpNT][4];
@@ -189,18 +188,17 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
-    if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
+    const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);  // uniform
+    if (cut) {
       mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
-      if (qdo_marked) nan_marked_rows(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN, qdo_marks);
+      if (any_marked<BM / 32>(qdo_marks))
+        nan_marked_rows(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN, qdo_marks);
     }
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
     // Every thread has read the marks (above); the next block marks after its first barrier.
-    if (qdo_marked) {
-      if (threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
-      if (threadIdx.x == 0) qdo_marked = 0;
-    }
+    if (cut && threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
 
     // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
     // (stored [query][d] = [k][n]: .trans).
@@ -221,7 +219,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     if (atomic_dq) {
       // K rows with NaN/Inf are zeroed for this product only (every warp is done with
       // S = Q K^T: barrier above), so that dS = 0 at hidden pairs stays 0.
-      const bool k_marked = k_checked == 2;  // uniform; set in a block the mask cuts
+      const bool k_marked = cut && k_checked == 2;  // uniform
       if (k_marked) {
         zero_marked_rows<Tr, KTile, BN>(sK, k_marks);
         __syncthreads();

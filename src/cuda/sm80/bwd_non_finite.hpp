@@ -43,6 +43,15 @@ __device__ __forceinline__ bool row_marked(const std::uint32_t* row_bits, int r)
   return (row_bits[r / 32] >> (r % 32) & 1u) != 0;
 }
 
+// Whether any row is marked (kWords words of marks).
+template <int kWords>
+__device__ __forceinline__ bool any_marked(const std::uint32_t* row_bits) {
+  std::uint32_t any = 0;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) any |= row_bits[w];
+  return any != 0;
+}
+
 // P = dS = NaN at the visible pairs of the marked query rows of the warp tile (rows
 // m0 + row0 + ..., keys n0 + col0 + ... of a block of block_n keys).
 template <int MT, int NT>

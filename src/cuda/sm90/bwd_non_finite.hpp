@@ -31,6 +31,8 @@ __device__ void zero_non_finite_chunks(SmemTile tile, int thread, int threads) {
   static_assert(sizeof(Element) == 2, "16-byte chunks of 8 elements");
   constexpr int kRows = decltype(size<0>(tile))::value;
   constexpr int kChunks = decltype(size<1>(tile))::value / 8;
+  // One chunk at a time: this runs with dK and dV live, at the register limit.
+#pragma unroll 1
   for (int i = thread; i < kRows * kChunks; i += threads) {
     void* const chunk = &tile(i / kChunks, i % kChunks * 8);
     const uint4 c = load_shared_volatile(chunk);
