@@ -216,9 +216,7 @@ struct FwdMainloop {
         }
       }
 
-      Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-      softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
-
+      // (Before the softmax: the mask's values are still live here, not across it.)
       if constexpr (kMasked) {
         if (v_poisoned) {  // rare: V_i had NaN or Inf, now zeroed
           // A row that sees one of those keys must come out NaN (with the zeroed V it would
@@ -228,7 +226,7 @@ struct FwdMainloop {
               thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
           Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
           CUTE_UNROLL
-          for (int r = 0; r < size<0>(o_rc); ++r) {
+          for (int r = 0; r < size<0>(s_rc); ++r) {
             int first, last;
             mask.row_window(m0 + get<0>(c_rc(r, 0)), n * kBlockN, kBlockN, first, last);
             if (any_row_bit<kPoisonWords>(poison, first, last))
@@ -238,6 +236,9 @@ struct FwdMainloop {
           if (tid < kPoisonWords) poison[tid] = 0;
         }
       }
+
+      Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+      softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
