@@ -118,22 +118,23 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const int q_row0 = warp % Tr::kDqWarpsM * Tr::kDqRows;
   const int q_col0 = warp / Tr::kDqWarpsM * Tr::kDqCols;
 
+  // dQ += dS K meets a hidden key's NaN K with dS = 0 in the blocks the mask cuts: where this
+  // key block has such blocks (at the ends of m_range) and computes dQ, K's NaN chunks are
+  // zeroed once, before the loop (bwd_non_finite.hpp says why that is exact).
+  if (!p.deterministic && n_m > 0 &&
+      (!mask.tile_unmasked(m_range.begin, BM, n_block, BN) ||
+       !mask.tile_unmasked(m_range.end - 1, BM, n_block, BN))) {
+    cp_async_wait<0>();  // K landed (the first step then finds its loads landed too)
+    __syncthreads();
+    zero_non_finite<Tr, KTile, BN, false>(sK);  // step 0's barrier publishes the zeros
+  }
+
   float acc_dk[Tr::kDkvMT][Tr::kDkvNT][4], acc_dv[Tr::kDkvMT][Tr::kDkvNT][4];
   clear_acc(acc_dk);
   clear_acc(acc_dv);
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
-  // NaN/Inf in the blocks the mask cuts (bwd_non_finite.hpp): rows of this step's Q or dO
-  // (zeroed, marked), and rows of K (marked at the first such block, for dQ only; k_checked:
-  // 0 not yet, 1 finite, 2 some row marked). Kept in shared memory and read where used:
-  // flags in registers across the products cost spills.
-  static_assert(BM % 32 == 0 && BN % 32 == 0);
-  __shared__ std::uint32_t qdo_marks[BM / 32], k_marks[BN / 32];
-  __shared__ int k_checked;
-  if (threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
-  if (threadIdx.x < BN / 32) k_marks[threadIdx.x] = 0;
-  if (threadIdx.x == 0) k_checked = 0;
 
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
@@ -165,17 +166,6 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
     }
     cp_async_commit();
-    // A block the mask cuts: NaN/Inf rows of Q and dO zeroed and marked; K checked once.
-    if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
-      mark_non_finite_rows<Tr, QTile, BM, true>(sQ, qdo_marks);
-      mark_non_finite_rows<Tr, QTile, BM, true>(sdO, qdo_marks);
-      if (atomic_dq && k_checked == 0) {  // every thread reads it before the barrier below
-        const bool k_found = mark_non_finite_rows<Tr, KTile, BN, false>(sK, k_marks);
-        const bool k_marked = __syncthreads_or(k_found) != 0;
-        if (threadIdx.x == 0) k_checked = k_marked ? 2 : 1;  // read after the P, dS barrier
-      }
-      __syncthreads();  // the zeros and marks are visible
-    }
 
     float acc_s[Tr::kSdpMT][Tr::kSdpNT][4], acc_dp[Tr::kSdpMT][Tr::kSdpNT][4];
     clear_acc(acc_s);
@@ -189,16 +179,17 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);  // uniform
-    if (cut) {
-      mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
-      if (any_marked<BM / 32>(qdo_marks))
-        nan_marked_rows(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN, qdo_marks);
-    }
+    if (cut) mask_p_ds_keep_nan(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
-    // Every thread has read the marks (above); the next block marks after its first barrier.
-    if (cut && threadIdx.x < BM / 32) qdo_marks[threadIdx.x] = 0;
+    if (cut) {
+      // Every warp is done with S = Q K^T and dP = dO V^T: NaN/Inf chunks of Q and dO zeroed
+      // for dK and dV.
+      zero_non_finite<Tr, QTile, BM, true>(sQ);
+      zero_non_finite<Tr, QTile, BM, true>(sdO);
+      __syncthreads();
+    }
 
     // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
     // (stored [query][d] = [k][n]: .trans).
@@ -217,13 +208,6 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       cp_async_commit();
     }
     if (atomic_dq) {
-      // K rows with NaN/Inf are zeroed for this product only (every warp is done with
-      // S = Q K^T: barrier above), so that dS = 0 at hidden pairs stays 0.
-      const bool k_marked = cut && k_checked == 2;  // uniform
-      if (k_marked) {
-        zero_marked_rows<Tr, KTile, BN>(sK, k_marks);
-        __syncthreads();
-      }
       // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
       // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
       // sequence and columns past the real head dim are not written.
@@ -271,13 +255,6 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                 if (col < D) atomicAdd(dq_row + col, acc_dq[mt][nt][2 * h + e2]);
               }
           }
-      }
-      // The zeroed K rows back from global memory before the next S = Q K^T reads them.
-      if (k_marked) {
-        __syncthreads();
-        const Element* const k_rows = static_cast<const Element*>(p.k) +
-                                      seq.offset(p.k_stride, seq.batch_k, seq.row_k + n0, hk);
-        reload_marked_rows<Tr, KTile, BN>(sK, k_rows, p.k_stride.row, D, k_marks);
       }
     }
   }
