@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);  // uniform
-    if (cut) mask_p_ds_keep_nan(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
+    if (cut) mask_p_ds_keep_nan(acc_s, acc_dp, dsum, mask, m0, s_row0, n0, s_col0, BN);
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory

@@ -6,8 +6,8 @@
 //  - Q and dO, in those blocks only, once S and dP are done: their NaN/Inf chunks are zeroed
 //    (common/non_finite_rows.hpp) before dK and dV. No row marks are needed: such a row's S
 //    or dP is already non-finite at its visible pairs, so P or dS is NaN there, and
-//    P += 0 * dS carries a NaN dS into P, so that dV of the keys a NaN dO row sees stays NaN
-//    although that row is now zero.
+//    P += 0 * dsum carries a non-finite dsum (a non-finite dO row) into P, so that dV of the
+//    keys a NaN dO row sees stays NaN although that row is now zero.
 //  - K, once per CTA whose key block has such blocks: its NaN chunks are zeroed before the
 //    loop. A row that sees such a key had a NaN score in the forward, hence a NaN lse, so its
 //    P is NaN whatever S is. Inf chunks stay: a -Inf score (weight 0) at a visible key would
@@ -37,20 +37,22 @@ __device__ __forceinline__ void zero_non_finite(Element* tile) {
   }
 }
 
-// mask_p_ds (bwd_p_ds.hpp), and P += 0 * dS at the visible pairs: a NaN or Inf dS there (a
-// non-finite dO row, whose dsum is not finite) makes P NaN too.
+// mask_p_ds (bwd_p_ds.hpp), and P += 0 * dsum of the row: a non-finite dO row has a
+// non-finite dsum (rowsum(dO * O); Inf * 0 is NaN too), which makes its P NaN. Hidden pairs
+// are then made 0 again by the mask (it runs after).
 template <int MT, int NT>
 __device__ __forceinline__ void mask_p_ds_keep_nan(float (&acc_s)[MT][NT][4],
                                                    float (&acc_dp)[MT][NT][4],
+                                                   const float (&dsum)[MT][2],
                                                    const WindowMask& mask, int m0, int row0,
                                                    int n0, int col0, int block_n) {
-  mask_p_ds(acc_s, acc_dp, mask, m0, row0, n0, col0, block_n);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] += 0.f * acc_dp[mt][nt][e];
+      for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] += 0.f * dsum[mt][e / 2];
+  mask_p_ds(acc_s, acc_dp, mask, m0, row0, n0, col0, block_n);
 }
 
 }  // namespace flashcpp::detail::cuda::sm80::bwd
