@@ -283,6 +283,8 @@ struct FwdMainloop {
     Tensor tile = sV(_, _, stage);
     constexpr int kChunks = kHeadDim / 8;
     std::uint32_t* const marks = ss.v_poison[stage][phase];
+    // One chunk at a time: this runs with O, P and the softmax state live.
+#pragma unroll 1
     for (int i = tid % 128; i < kBlockN * kChunks; i += 128) {
       void* const chunk = &tile(i / kChunks, i % kChunks * 8);
       if (chunk_non_finite<Element>(load_shared_volatile(chunk))) {
