@@ -1,6 +1,7 @@
 #pragma once
 // The end of every forward's online softmax (sm80 and sm90a): O divided by each row's sum and
-// the row's lse. Rows without a visible key (sum 0) get O = 0 and lse = -inf, never NaN.
+// the row's lse. Rows without a visible key, or whose weights are all 0 (sum 0), get O = 0 and
+// lse = -inf; a NaN sum (a visible score was NaN or +Inf) gives NaN O and lse.
 #include <cmath>
 
 #include <cute/tensor.hpp>
@@ -18,7 +19,7 @@ __forceinline__ __device__ void finalize_softmax(TensorO& o, const float (&row_m
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
-    const bool empty = sum == 0.f || sum != sum;
+    const bool empty = sum == 0.f;
     const float inv = empty ? 0.f : 1.f / sum;
     lse[r] = empty ? -INFINITY : row_max[r] * lse_scale + logf(sum);
 #pragma unroll

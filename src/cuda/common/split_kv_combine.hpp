@@ -2,7 +2,7 @@
 // Split-KV combine: merges the fp32 partial O and lse of every split by their lse
 //   lse = m + log(sum_s exp(lse_s - m)),  O = sum_s exp(lse_s - lse) * O_s
 // with m = max_s lse_s. Splits that saw no key have lse_s = -inf and weight 0; a row no
-// split saw gets O = 0 and lse = -inf. One warp per (batch, head, row, 32 columns): lanes run
+// split saw gets O = 0 and lse = -inf; a split with a NaN lse makes the row NaN. One warp per (batch, head, row, 32 columns): lanes run
 // along the head dim, so the partial-O reads are coalesced, and a few rows (decode) still
 // spread over many warps.
 #include <climits>
@@ -49,11 +49,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   float m = -INFINITY;
   for (int s = lane; s < kp.num_splits; s += 32) m = fmaxf(m, lse_s[s * rows_per_split]);
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  // A NaN lse_s (the split saw a NaN score; fmaxf skipped it in m) makes the sum NaN, and the
+  // row NaN: only splits with lse_s = -inf count as empty.
   float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < kp.num_splits; s += 32) sum += expf(lse_s[s * rows_per_split] - m);
+  for (int s = lane; s < kp.num_splits; s += 32) {
+    const float l = lse_s[s * rows_per_split];
+    sum += l == -INFINITY ? 0.f : expf(l - m);
+  }
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const bool empty = sum == 0.f || sum != sum;
+  const bool empty = sum == 0.f;
   const float lse = empty ? -INFINITY : m + logf(sum);
 
   // Lane j of a 32-split chunk computes split j's weight once; the warp then walks the chunk

@@ -25,6 +25,7 @@
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/kvcache_kernel_params.hpp"
 #include "cuda/common/kvcache_layout.hpp"
+#include "cuda/common/non_finite_rows.hpp"
 #include "cuda/sm80/decode_fp8_fragments.hpp"
 #include "cuda/sm80/decode_tile_table.hpp"
 #include "cuda/sm80/mma_ptx.hpp"
@@ -268,6 +269,39 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
           const int key = key0 + n * 8 + 2 * tq + (e & 1);
           if (key >= n_keys || !mask.visible(row / kp.group, key)) s[n][e] = -INFINITY;
         }
+      // NaN or Inf in V at a key some row does not see would reach that row as P = 0 times
+      // NaN: the warp zeroes such chunks of its own 16 V rows (only it reads them) and makes
+      // the rows that do see one of those keys NaN instead (common/non_finite_rows.hpp).
+      Cache* const sv_warp = s_v + (it % kStages) * BN * D + warp * 16 * D;
+      std::uint32_t bad_rows = 0;  // bit k: key key0 + k
+      // One chunk at a time: unrolled, the loads of every chunk were hoisted together, which
+      // cost registers (this runs with O live).
+#pragma unroll 1
+      for (int i = lane; i < 16 * C; i += 32) {
+        uint4* const chunk_ptr = reinterpret_cast<uint4*>(sv_warp + kv_slot(i / C, i % C));
+        bool bad;
+        if constexpr (kFp8)
+          bad = chunk_has_e4m3_nan(*chunk_ptr);
+        else
+          bad = chunk_non_finite<Element>(*chunk_ptr);
+        if (bad) {
+          *chunk_ptr = make_uint4(0, 0, 0, 0);
+          bad_rows |= 1u << (i / C);
+        }
+      }
+      bad_rows = __reduce_or_sync(0xffffffffu, bad_rows);
+      if (bad_rows != 0) {  // rare; uniform over the warp
+        __syncwarp();  // the zeroed chunks are visible to the warp's ldmatrix below
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const KeyRange seen = mask.keys((row0 + g + 8 * r) / kp.group);
+          const int first = int(max(seen.begin - key0, std::int64_t(0)));
+          const int last = int(min(seen.end - key0, std::int64_t(16))) - 1;
+          if (any_row_bit<1>(&bad_rows, first, last))
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) acc_o[n][2 * r] = acc_o[n][2 * r + 1] = NAN;
+        }
+      }
     }
 
     // Online softmax of the thread's two rows (g and g + 8), stats shared across the quad.
@@ -340,14 +374,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   __shared__ float row_scale[kDecodeRows], row_lse[kDecodeRows];
   if (tid < kDecodeRows) {
     const float m = row_offset(tid);
+    // A warp whose max is still -inf has sum 0 (no visible key) or NaN (NaN scores, which
+    // fmaxf skips): weight 0 keeps the NaN, so only a row whose sum is 0 counts as empty.
     float sum = 0.f;
-    if (m != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w)
-        if (merge_max[w][tid] != -INFINITY)
-          sum += merge_sum[w][tid] * fast_exp2((merge_max[w][tid] - m) * scale_log2);
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = merge_max[w][tid];
+      sum += merge_sum[w][tid] * (mw == -INFINITY ? 0.f : fast_exp2((mw - m) * scale_log2));
     }
-    const bool empty = !(sum > 0.f);
+    const bool empty = sum == 0.f;
     row_scale[tid] = empty ? 0.f : (kFp8 ? out_factor / sum : 1.f / sum);
     row_lse[tid] = empty ? -INFINITY : m * lse_scale + logf(sum);
   }

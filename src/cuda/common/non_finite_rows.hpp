@@ -1,0 +1,94 @@
+#pragma once
+// Non-finite rows of a tile in shared memory, for the blocks a mask cuts through. A hidden
+// key (or query) gets an exact 0 weight there, but the tensor cores still multiply that 0 by
+// its row of V (K, Q, dO), and 0 * NaN = 0 * Inf = NaN. So the kernels, in those blocks only,
+// zero the non-finite 16-byte chunks of the operand before the product reads it and remember
+// which rows held them (a bit per row): a row of the result that does see such a row is made
+// NaN instead (docs/semantics.md, "NaN and Inf in the inputs").
+// The test works on packed 16-bit values with integer ops: |x| (sign cleared) is NaN or Inf
+// iff its exponent field is all ones, i.e. |x| >= 0x7f80 (bf16) or 0x7c00 (fp16); adding
+// 0x8000 minus that bound sets bit 15 of exactly those lanes, without a carry into the next.
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_fp16.h>
+#include <cutlass/numeric_types.h>
+
+namespace flashcpp::detail::cuda {
+
+template <class Element>
+__device__ __forceinline__ bool chunk_non_finite(uint4 c) {
+  static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
+  constexpr std::uint32_t kAbs = 0x7fff7fffu;
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kBias = kHalf ? 0x04000400u : 0x00800080u;
+  const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
+                          ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
+  return (t & 0x80008000u) != 0;
+}
+
+// Whether one of a 16-byte chunk's sixteen e4m3 (fn) values is NaN, the format's only
+// non-finite value: |x| = 0x7f. 0x7f + 1 sets bit 7 of exactly those bytes (|x| <= 0x7f: no
+// carry into the next byte).
+__device__ __forceinline__ bool chunk_has_e4m3_nan(uint4 c) {
+  constexpr std::uint32_t kAbs = 0x7f7f7f7fu, kOne = 0x01010101u;
+  const std::uint32_t t = ((c.x & kAbs) + kOne) | ((c.y & kAbs) + kOne) |
+                          ((c.z & kAbs) + kOne) | ((c.w & kAbs) + kOne);
+  return (t & 0x80808080u) != 0;
+}
+
+// Whether one of the chunk's eight 16-bit values is NaN (not Inf): |x| above the Inf pattern.
+template <class Element>
+__device__ __forceinline__ bool chunk_has_nan(uint4 c) {
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kAbs = 0x7fff7fffu;
+  constexpr std::uint32_t kBias = kHalf ? 0x03ff03ffu : 0x007f007fu;
+  const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
+                          ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
+  return (t & 0x80008000u) != 0;
+}
+
+// Checks the 16-byte chunk at `chunk` (shared memory); a non-finite one is zeroed and its row
+// recorded in `row_bits` (bit row % 32 of word row / 32). Returns whether it was non-finite.
+template <class Element>
+__device__ __forceinline__ bool zero_non_finite_chunk(void* chunk, int row,
+                                                      std::uint32_t* row_bits) {
+  uint4* const p = static_cast<uint4*>(chunk);
+  if (!chunk_non_finite<Element>(*p)) return false;
+  *p = make_uint4(0, 0, 0, 0);
+  atomicOr(row_bits + row / 32, 1u << (row % 32));
+  return true;
+}
+
+// 16-byte shared-memory load and zero store that stay ordered with the other threads' marks
+// (volatile), for tiles that several warpgroups check and zero at once.
+__device__ __forceinline__ uint4 load_shared_volatile(const void* p) {
+  uint4 c;
+  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w)
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(p))));
+  return c;
+}
+__device__ __forceinline__ void zero_shared_volatile(void* p) {
+  asm volatile("st.volatile.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(
+                   static_cast<std::uint32_t>(__cvta_generic_to_shared(p))),
+               "r"(0u)
+               : "memory");
+}
+
+// Whether any bit in [first, last] (block-relative, may reach past [0, 32 * kWords)) is set.
+template <int kWords>
+__device__ __forceinline__ bool any_row_bit(const std::uint32_t* row_bits, int first, int last) {
+  bool hit = false;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    const int a = first - 32 * w > 0 ? first - 32 * w : 0;
+    const int b = last - 32 * w < 31 ? last - 32 * w : 31;
+    if (a <= b) hit |= (row_bits[w] & ((0xffffffffu >> (31 - (b - a))) << a)) != 0;
+  }
+  return hit;
+}
+
+}  // namespace flashcpp::detail::cuda
