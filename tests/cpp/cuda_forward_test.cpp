@@ -33,8 +33,7 @@ using namespace cuda_test;
 class CudaForward : public BackendSuite<forward_skip_reason> {
  protected:
   // A case that requests the backend under test and must run on it. On sm90 it is unsplit
-  // (num_splits 1): with 0 the split heuristic decides, and the split calls with fewer than 64
-  // query rows (decode shapes) go to sm80. The sm90 split-KV tests set their own.
+  // (num_splits 1) unless a test asks otherwise: the sm90 split-KV tests set their own.
   FwdCase base() const {
     FwdCase c;
     c.backend = c.expect = GetParam();
@@ -439,21 +438,13 @@ TEST_P(CudaForwardSm90, SplitKv) {
   }
 }
 
-// A decode shape (one query row) the heuristic splits: the automatic backend runs it on the
-// sm80 split-KV kernels (whose query tiles are not 128 rows), an explicit cuda_sm90 request on
-// the sm90a ones; RunInfo says which.
+// A decode shape (one query row) the heuristic splits runs split on sm90a too.
 TEST_P(CudaForwardSm90, DecodeShapeSplits) {
   FwdCase d = decode_case(base());
   d.num_splits = 0;
-  const FwdResult on_sm90 = check(d);
-  if (!on_sm90.not_built) {
-    EXPECT_GT(on_sm90.info.num_splits, 1);
-  }
-  d.backend = Backend::automatic;
-  d.expect = Backend::cuda_sm80;
-  const FwdResult automatic = check(d);
-  if (!automatic.not_built) {
-    EXPECT_GT(automatic.info.num_splits, 1);
+  const FwdResult r = check(d);
+  if (!r.not_built) {
+    EXPECT_GT(r.info.num_splits, 1);
   }
 }
 

@@ -33,6 +33,17 @@ TOL = {"float32": (1e-4, 1e-4), "float16": (2.0**-9, 2.0**-8),
 LSE_TOL = 1e-3
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_cuda_test(request):
+    """The tests run on JAX's CPU device, except the CUDA ones: where JAX sees a GPU its default
+    device is the GPU, and the CPU tests' float32 cases have no CUDA kernel."""
+    if request.node.name.startswith("test_cuda_"):
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def random_case(seed):
     """(B, Nq, Nk, Hq, Hkv, D) drawn from a seeded generator: odd lengths, GQA, MQA."""
     rng = np.random.default_rng(seed)
