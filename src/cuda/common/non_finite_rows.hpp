@@ -38,46 +38,6 @@ __device__ __forceinline__ bool chunk_has_e4m3_nan(uint4 c) {
   return (t & 0x80808080u) != 0;
 }
 
-// Whether one of the chunk's eight 16-bit values is NaN (not Inf): |x| above the Inf pattern.
-template <class Element>
-__device__ __forceinline__ bool chunk_has_nan(uint4 c) {
-  constexpr bool kHalf =
-      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
-  constexpr std::uint32_t kAbs = 0x7fff7fffu;
-  constexpr std::uint32_t kBias = kHalf ? 0x03ff03ffu : 0x007f007fu;
-  const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
-                          ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
-  return (t & 0x80008000u) != 0;
-}
-
-// Checks the 16-byte chunk at `chunk` (shared memory); a non-finite one is zeroed and its row
-// recorded in `row_bits` (bit row % 32 of word row / 32). Returns whether it was non-finite.
-template <class Element>
-__device__ __forceinline__ bool zero_non_finite_chunk(void* chunk, int row,
-                                                      std::uint32_t* row_bits) {
-  uint4* const p = static_cast<uint4*>(chunk);
-  if (!chunk_non_finite<Element>(*p)) return false;
-  *p = make_uint4(0, 0, 0, 0);
-  atomicOr(row_bits + row / 32, 1u << (row % 32));
-  return true;
-}
-
-// 16-byte shared-memory load and zero store that stay ordered with the other threads' marks
-// (volatile), for tiles that several warpgroups check and zero at once.
-__device__ __forceinline__ uint4 load_shared_volatile(const void* p) {
-  uint4 c;
-  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w)
-               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(p))));
-  return c;
-}
-__device__ __forceinline__ void zero_shared_volatile(void* p) {
-  asm volatile("st.volatile.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(
-                   static_cast<std::uint32_t>(__cvta_generic_to_shared(p))),
-               "r"(0u)
-               : "memory");
-}
-
 // Whether any bit in [first, last] (block-relative, may reach past [0, 32 * kWords)) is set.
 template <int kWords>
 __device__ __forceinline__ bool any_row_bit(const std::uint32_t* row_bits, int first, int last) {

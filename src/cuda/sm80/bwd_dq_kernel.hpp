@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "common/mask.hpp"
-#include "cuda/common/non_finite_rows.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_tile_math.hpp"
 #include "cuda/sm80/bwd_traits.hpp"
@@ -69,19 +68,6 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
     load_tile<Tr, BN>(sm.k, kbase, p.k_stride.row, rows_k, D, kp.vec8);
     load_tile<Tr, BN>(sm.v, vbase, p.v_stride.row, rows_k, D, kp.vec8);
     __syncthreads();  // K, V (and, the first time, Q, dO, lse, dsum) are in place
-    if (!mask.tile_unmasked(m_block, BM, n_block, BN)) {
-      // A block the mask cuts: dQ += dS K would meet a hidden key's NaN K with dS = 0
-      // (0 * NaN = NaN), so those chunks are zeroed. The rows that see such a key already
-      // have a NaN lse (a NaN score in the forward), so their P and dQ stay NaN. Inf chunks
-      // stay (sm80/bwd_non_finite.hpp says why).
-      constexpr int kChunks = kHeadDim / 8;
-      for (int idx = threadIdx.x; idx < BN * kChunks; idx += Tr::kThreads) {
-        uint4* const chunk =
-            reinterpret_cast<uint4*>(sm.k + (idx / kChunks) * Tr::kLd + idx % kChunks * 8);
-        if (chunk_has_nan<T>(*chunk)) *chunk = make_uint4(0, 0, 0, 0);
-      }
-      __syncthreads();
-    }
     s_dp_products<Tr>(sm);
     __syncthreads();
     p_ds<Tr, false>(kp, mask, m0, n0, sq, sm);

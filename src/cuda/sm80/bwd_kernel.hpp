@@ -20,7 +20,6 @@
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
-#include "cuda/sm80/bwd_non_finite.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
 #include "cuda/sm80/bwd_traits.hpp"  // ws_row
 #include "cuda/sm80/bwd_warp_gemm.hpp"
@@ -118,23 +117,11 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const int q_row0 = warp % Tr::kDqWarpsM * Tr::kDqRows;
   const int q_col0 = warp / Tr::kDqWarpsM * Tr::kDqCols;
 
-  // dQ += dS K meets a hidden key's NaN K with dS = 0 in the blocks the mask cuts: where this
-  // key block has such blocks (at the ends of m_range) and computes dQ, K's NaN chunks are
-  // zeroed once, before the loop (bwd_non_finite.hpp says why that is exact).
-  if (!p.deterministic && n_m > 0 &&
-      (!mask.tile_unmasked(m_range.begin, BM, n_block, BN) ||
-       !mask.tile_unmasked(m_range.end - 1, BM, n_block, BN))) {
-    cp_async_wait<0>();  // K landed (the first step then finds its loads landed too)
-    __syncthreads();
-    zero_non_finite<Tr, KTile, BN, false>(sK);  // step 0's barrier publishes the zeros
-  }
-
   float acc_dk[Tr::kDkvMT][Tr::kDkvNT][4], acc_dv[Tr::kDkvMT][Tr::kDkvNT][4];
   clear_acc(acc_dk);
   clear_acc(acc_dv);
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
-
 
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
@@ -142,8 +129,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     const int hq = hk * group + i / n_m;
     const int m_block = m_range.begin + i % n_m;
     const int m0 = m_block * BM;
-    Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
-    Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
+    const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
+    const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
 
     // lse_log2 and dsum of this thread's S rows (loaded before the barrier: their latency
@@ -178,18 +165,11 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
-    const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);  // uniform
-    if (cut) mask_p_ds_keep_nan(acc_s, acc_dp, dsum, mask, m0, s_row0, n0, s_col0, BN);
+    if (!mask.tile_unmasked(m_block, BM, n_block, BN))
+      mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
-    if (cut) {
-      // Every warp is done with S = Q K^T and dP = dO V^T: NaN/Inf chunks of Q and dO zeroed
-      // for dK and dV.
-      zero_non_finite<Tr, QTile, BM, true>(sQ);
-      zero_non_finite<Tr, QTile, BM, true>(sdO);
-      __syncthreads();
-    }
 
     // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
     // (stored [query][d] = [k][n]: .trans).

@@ -2,8 +2,6 @@
 // The sm80 forward kernel = scheduler (which tile) + mask policy (which key blocks) +
 // mainloop (the products and the online softmax) + epilogue (stores). The shell holds no
 // math of its own.
-#include <cstdint>
-
 #include <cute/tensor.hpp>
 
 #include "cuda/sm80/fwd_epilogue.hpp"
@@ -45,27 +43,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   OnlineSoftmax<kRows> softmax;
   // A tile with no visible key skips every load and product: finalize then yields O = 0 and
   // lse = -inf for all its rows.
-  // Rows that saw a NaN or Inf V at a visible key of a masked block (set by the mainloop).
-  __shared__ std::uint32_t o_nan[kBlockM / 32];
-  if (threadIdx.x < kBlockM / 32) o_nan[threadIdx.x] = 0;
-  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
   if (range.begin < range.end) {
     FwdMainloop<Traits, kSoftcap>{}(kp, seq, mask, tile.m_block, tile.head, range, unmasked, smem, acc_o,
-                          softmax, o_nan);
-    // The mainloop ends with a barrier: its marks are visible.
-    Tensor tOcO = tiled_mma.get_thread_slice(threadIdx.x)
-                      .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
-    Tensor c_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(c_rc(r, 0));
-      if (o_nan[row / 32] >> (row % 32) & 1u) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
-      }
-    }
+                          softmax);
   }
   float lse[kRows];
+  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
   softmax.finalize(o_rc, kp.lse_scale, lse);
   FwdEpilogue<Traits>{}(kp, seq, tile, acc_o, lse, smem);
 }

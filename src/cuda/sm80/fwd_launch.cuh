@@ -19,9 +19,9 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using Traits = FwdTraits<Element, kHeadDim>;
   const auto kernel = kp.softcap_in_scale != 0.f ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
   constexpr int smem = Traits::kSmemBytes;
-  // Above 48 KB of shared memory, dynamic plus the kernel's static arrays (a few hundred bytes
-  // of row marks), a kernel must opt in (once per device is enough, but the attribute call is
-  // cheap and keeps this free of per-device state).
+  // Above 48 KB of shared memory, dynamic plus any static arrays, a kernel must opt in (once
+  // per device is enough, but the attribute call is cheap and keeps this free of per-device
+  // state).
   if constexpr (smem > 40 * 1024)
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const std::int64_t blocks = std::int64_t(kp.num_m_blocks) * kp.num_splits * kp.p.heads_q * kp.p.batch;

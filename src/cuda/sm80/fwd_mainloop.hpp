@@ -2,11 +2,7 @@
 // The sm80 forward mainloop (FlashAttention-2 schedule) for one query tile: stream K and V
 // tiles through shared memory with cp.async, S = Q K^T and O += P V on mma.sync, online
 // softmax in registers. The key blocks that need the seqlen_k / diagonal / window mask run
-// first, then the unmasked band with no mask code at all. In the masked blocks only, NaN or Inf
-// rows of V are zeroed before O += P V (a hidden key's P = 0 would meet them) and the rows
-// that do see such a key are made NaN (common/non_finite_rows.hpp).
-#include <cstdint>
-
+// first, then the unmasked band with no mask code at all.
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
@@ -31,14 +27,12 @@ struct FwdMainloop {
   static constexpr int kKVStages = Traits::kKVStages;
 
   // Runs key blocks [range.begin, range.end) (non-empty) of query tile m_block and leaves the
-  // unnormalised O in acc_o and the row statistics in softmax. Rows that saw a key whose V
-  // held NaN or Inf in a masked block get their bit set in o_nan (zeroed by the caller; the
-  // caller makes those rows NaN, which keeps that work out of the loop's registers).
+  // unnormalised O in acc_o and the row statistics in softmax.
   template <class AccO, class Softmax>
   __device__ void operator()(const FwdKernelParams& kp, const SeqlenInfo& seq,
                              const WindowMask& mask, int m_block, int head, BlockRange range,
-                             BlockRange unmasked, char* smem, AccO& acc_o, Softmax& softmax,
-                             std::uint32_t* o_nan) const {
+                             BlockRange unmasked, char* smem, AccO& acc_o,
+                             Softmax& softmax) const {
     const ForwardParams& p = kp.p;
     const int tid = threadIdx.x;
     const int head_kv = head / (p.heads_q / p.heads_kv);
@@ -119,17 +113,6 @@ struct FwdMainloop {
                          : (i < n_masked ? band_begin - 1 - (i - n_right) : band_end - 1 - (i - n_masked));
     };
 
-    // Key rows of V_i holding NaN or Inf, marked in masked steps: two sets, step i uses set
-    // i % 2 and clears it once read, so that clearing never races with the next step's marks.
-    constexpr int kPoisonWords = kBlockN / 32;
-    static_assert(kBlockN % 32 == 0);
-    __shared__ std::uint32_t v_poison[2][kPoisonWords];
-    if (n_masked > 0) {
-      if (tid < 2 * kPoisonWords) v_poison[tid / kPoisonWords][tid % kPoisonWords] = 0;
-      // With two buffers step 0 marks before its first barrier.
-      if constexpr (kKVStages == 2) __syncthreads();
-    }
-
     // ---- prologue: Q and the first K (and V) block ----
     load_q(tQsQ, 0, seq.seqlen_q - m0);
     load_k(block_at(0), 0);
@@ -149,24 +132,8 @@ struct FwdMainloop {
       const int b = kKVStages == 2 ? (i & 1) : 0;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      std::uint32_t* const poison = v_poison[i & 1];
-      // Masked steps: this thread zeroes NaN/Inf chunks among its own copies of V_i once they
-      // have landed (no other thread writes those) and marks their rows; the barrier then
-      // tells whether any thread found one (uniform).
-      auto barrier_v_poisoned = [&](bool found) {
-        if constexpr (kMasked) return __syncthreads_or(found) != 0;
-        __syncthreads();
-        return false;
-      };
-      bool v_poisoned = false;
       cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
-      if constexpr (kKVStages == 2) {
-        bool found = false;
-        if constexpr (kMasked) found = load_v_tile.zero_non_finite(buf(tVsV, b), poison);
-        v_poisoned = barrier_v_poisoned(found);  // also: the buffers of step i - 1 are free
-      } else {
-        __syncthreads();  // ... of every thread; the buffers step i - 1 read are free
-      }
+      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
       if constexpr (kKVStages == 2) {
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), b ^ 1);
@@ -207,33 +174,10 @@ struct FwdMainloop {
 
       if constexpr (kKVStages == 1) {
         cp_async_wait<0>();  // V_i landed
-        bool found = false;
-        if constexpr (kMasked) found = load_v_tile.zero_non_finite(buf(tVsV, 0), poison);
-        v_poisoned = barrier_v_poisoned(found);  // also: K buffer free (S_i done everywhere)
+        __syncthreads();     // ... for every thread; K buffer free (S_i done everywhere)
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), 0);
           cp_async_fence();
-        }
-      }
-
-      // (Before the softmax: the mask's values are still live here, not across it.)
-      if constexpr (kMasked) {
-        if (v_poisoned) {  // rare: V_i had NaN or Inf, now zeroed
-          // A row that sees one of those keys must come out NaN (with the zeroed V it would
-          // be finite): marked here, made NaN by the caller. The rows that do not see them
-          // stay clean, which was the point.
-          Tensor tScS =
-              thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-          Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(s_rc); ++r) {
-            int first, last;
-            mask.row_window(m0 + get<0>(c_rc(r, 0)), n * kBlockN, kBlockN, first, last);
-            if (any_row_bit<kPoisonWords>(poison, first, last))
-              atomicOr(&o_nan[get<0>(c_rc(r, 0)) / 32], 1u << (get<0>(c_rc(r, 0)) % 32));
-          }
-          __syncthreads();  // every thread has read the marks
-          if (tid < kPoisonWords) poison[tid] = 0;
         }
       }
 

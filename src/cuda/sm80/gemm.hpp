@@ -6,8 +6,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "cuda/common/non_finite_rows.hpp"
-
 namespace flashcpp::detail::cuda::sm80 {
 
 using namespace cute;
@@ -103,21 +101,6 @@ struct TileLoader {
       }
       p += row_step;
     }
-  }
-
-  // This thread's chunks of the tile it loaded into dst (after cp_async_wait, so its own
-  // copies have landed): non-finite ones zeroed and their rows marked in row_bits
-  // (common/non_finite_rows.hpp). Returns whether it found any.
-  template <class Dst>
-  __forceinline__ __device__ bool zero_non_finite(Dst&& dst, std::uint32_t* row_bits) const {
-    bool found = false;
-    CUTE_UNROLL
-    for (int m = 0; m < size<1>(dst); ++m) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(dst); ++k)
-        found |= zero_non_finite_chunk<Element>(&dst(0, m, k), r0 + m * kRowsPerPass, row_bits);
-    }
-    return found;
   }
 };
 

@@ -31,7 +31,6 @@
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bulk_reduce.hpp"
-#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
@@ -147,12 +146,6 @@ struct BwdMainloop {
                            NamedBarrier::kBwdKvTail, sK, sV);
       }
     }
-    // A key block some query block meets partly masked: NaN rows of K zeroed once
-    // (bwd_non_finite.hpp). The masked query blocks are at the ends of m_range.
-    if (!mask.tile_unmasked(m_range.begin, kBlockM, n_block, kBlockN) ||
-        !mask.tile_unmasked(m_range.end - 1, kBlockM, n_block, kBlockN))
-      zero_non_finite_and_sync<false>(tid, Traits::kConsumerThreads, NamedBarrier::kBwdKvTail,
-                                      sK);
     if constexpr (Traits::kKVInRegisters) {
       // This warpgroup's K and V rows as register A operands, for the whole loop.
       copy(thr_sdp.partition_A(sK), tSrK);
@@ -174,12 +167,6 @@ struct BwdMainloop {
                                sdO(_, _, state.index()));
           }
         }
-        // A block the mask cuts: NaN/Inf chunks of Q and dO zeroed (bwd_non_finite.hpp).
-        if (!mask.tile_unmasked(m, kBlockM, n_block, kBlockN)) {
-          pipeline_do.consumer_wait(state);
-          zero_non_finite_and_sync<true>(tid % 128, 128, NamedBarrier::kEpilogue0 + tid / 128,
-                                         sQ(_, _, state.index()), sdO(_, _, state.index()));
-        }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
         pipeline_do.consumer_wait(state);
         wgmma<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.index()), acc_dp);
@@ -200,8 +187,6 @@ struct BwdMainloop {
             for (int r = 0; r < kRows; ++r)
               mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
           }
-          // x, or exactly 0 at a pair the mask hides: a select for P and for dS, whose
-          // dP there may be NaN (NaN v at the key or dout at the query; P = 0 times it is NaN).
           auto keep = [&](int r, int c, float x) {
             if constexpr (kMasked) {
               const int q = get<1>(cS_rc(r, c));
@@ -240,12 +225,8 @@ struct BwdMainloop {
               CUTE_UNROLL
               for (int r = 0; r < kRows; ++r)
                 CUTE_UNROLL
-                for (int e = 0; e < 2; ++e) {
-                  dp_rc(r, c + e) =
-                      keep(r, c + e, s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)));
-                  // A zeroed dO row (NaN dsum, so NaN dS) keeps dV of its keys NaN.
-                  if constexpr (kMasked) s_rc(r, c + e) += 0.f * dp_rc(r, c + e);
-                }
+                for (int e = 0; e < 2; ++e)
+                  dp_rc(r, c + e) = s_rc(r, c + e) * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x));
             }
           } else {
             // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
@@ -262,9 +243,9 @@ struct BwdMainloop {
                   const float t = tanhf(s_rc(r, c + e) * kp.softcap_in_scale);
                   const float pr =
                       keep(r, c + e, fast_exp2(t * scale_log2 - (e ? lse_c.y : lse_c.x)));
+                  s_rc(r, c + e) = pr;
                   dp_rc(r, c + e) =
-                      keep(r, c + e, pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t));
-                  s_rc(r, c + e) = kMasked ? pr + 0.f * dp_rc(r, c + e) : pr;
+                      pr * (dp_rc(r, c + e) - (e ? dsum.y : dsum.x)) * (1.f - t * t);
                 }
             }
           }

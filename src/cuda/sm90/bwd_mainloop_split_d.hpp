@@ -20,7 +20,6 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
-#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
@@ -106,12 +105,6 @@ struct BwdMainloopSplitD {
                            NamedBarrier::kBwdKvTail, sK, sV);
       }
     }
-    // A key block some query block meets partly masked: NaN rows of K zeroed once
-    // (bwd_non_finite.hpp). The masked query blocks are at the ends of m_range.
-    if (!mask.tile_unmasked(m_range.begin, kBlockM, n_block, kBlockN) ||
-        !mask.tile_unmasked(m_range.end - 1, kBlockM, n_block, kBlockN))
-      zero_non_finite_and_sync<false>(tid, Traits::kConsumerThreads, NamedBarrier::kBwdKvTail,
-                                      sK);
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       for (int m = m_range.begin; m < m_range.end; ++m) {
         const int m0 = m * kBlockM;
@@ -128,12 +121,6 @@ struct BwdMainloopSplitD {
                                NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
                                sdO(_, _, state.index()));
           }
-        }
-        // A block the mask cuts: NaN/Inf chunks of Q and dO zeroed (bwd_non_finite.hpp).
-        if (!mask.tile_unmasked(m, kBlockM, n_block, kBlockN)) {
-          pipeline_do.consumer_wait(state);
-          zero_non_finite_and_sync<true>(tid % 128, 128, NamedBarrier::kEpilogue0 + tid / 128,
-                                         sQ(_, _, stage), sdO(_, _, stage));
         }
         Tensor tSrQ_s = tSrQ(_, _, _, stage);
         wgmma<true>(mma_sdp, tSrQ_s, tSrK, acc_s);
@@ -163,8 +150,6 @@ struct BwdMainloopSplitD {
             for (int r = 0; r < kRows; ++r)
               mask.row_window(m0 + get<0>(cS_rc(r, 0)), n0, kBlockN, first[r], last[r]);
           }
-          // x, or exactly 0 at a pair the mask hides: a select for P and for dS, whose
-          // dP there may be NaN (NaN v at the key or dout at the query; P = 0 times it is NaN).
           auto keep = [&](int r, int c, float x) {
             if constexpr (kMasked) {
               const int k = get<1>(cS_rc(r, c));
@@ -187,11 +172,8 @@ struct BwdMainloopSplitD {
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
               CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                dp_rc(r, c) = keep(r, c, s_rc(r, c) * (dp_rc(r, c) - dsum[r]));
-                // A zeroed dO row (NaN dsum, so NaN dS) keeps dV of its keys NaN.
-                if constexpr (kMasked) s_rc(r, c) += 0.f * dp_rc(r, c);
-              }
+              for (int c = 0; c < kCols; ++c)
+                dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dsum[r]);
           } else {
             // s = c tanh(x scale / c): P from t = tanh(.), and dS carries ds/dx / scale =
             // 1 - t^2 (the scale is applied to dK at the end and to dQ in the post-pass).
@@ -201,8 +183,8 @@ struct BwdMainloopSplitD {
               for (int c = 0; c < kCols; ++c) {
                 const float t = tanhf(s_rc(r, c) * kp.softcap_in_scale);
                 const float pr = keep(r, c, fast_exp2(t * scale_log2 - lse[r]));
-                dp_rc(r, c) = keep(r, c, pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t));
-                s_rc(r, c) = kMasked ? pr + 0.f * dp_rc(r, c) : pr;
+                s_rc(r, c) = pr;
+                dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t);
               }
           }
         };

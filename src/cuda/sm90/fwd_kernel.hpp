@@ -92,10 +92,6 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   // Both constructors initialise their barriers from warp 0 and fence the initialisation.
   Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
-  // The NaN/Inf marks of the mainloop start cleared.
-  for (int i = threadIdx.x; i < int(sizeof(ss.v_poison) / 4); i += blockDim.x)
-    (&ss.v_poison[0][0][0])[i] = 0;
-  for (int i = threadIdx.x; i < Traits::kConsumerThreads; i += blockDim.x) ss.o_nan[i] = 0;
   __syncthreads();
 
   // Producer and consumers walk the same slots and skip the same ones (holes; tiles without a
@@ -166,19 +162,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                      pipeline_k, pipeline_v, ss, tid, acc_o, softmax);
         ++work;
       }
-      Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
-      // Rows that saw a NaN or Inf V at a key of a masked block (the mainloop zeroed it there
-      // for the rows that do not see it): NaN. Only this thread reads and writes its byte.
-      if (const int nan_rows = ss.o_nan[tid]; nan_rows != 0) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r)
-          if (nan_rows >> r & 1) {
-            CUTE_UNROLL
-            for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
-          }
-        ss.o_nan[tid] = 0;
-      }
       float lse[kRows];
+      Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
       softmax.finalize(o_rc, kp.lse_scale, lse);
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
     }

@@ -24,7 +24,6 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
-#include "cuda/common/non_finite_rows.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/fwd_params.hpp"
@@ -108,9 +107,6 @@ struct FwdMainloop {
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state);
-      // Both consumer warpgroups are done with this stage's previous fill, so the marks set
-      // of the fill after this one (the same parity as that previous one) is free to clear.
-      for (std::uint32_t& w : ss.v_poison[state.index()][state.phase()]) w = 0;
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
                              CacheHintSm90::EVICT_LAST),
            tVgV(_, n), tVsV(_, state.index()));
@@ -188,22 +184,6 @@ struct FwdMainloop {
     };
 
     PipelineState k_state = state, v_state = state;
-    // Before P V of a block the mask cuts: NaN/Inf chunks of its V zeroed (a hidden key's
-    // P = 0 would meet them) and this thread's rows that do see such a key marked for NaN.
-    auto prepare_masked_v = [&](int n) {
-      if (n < unmasked.end && n >= unmasked.begin) return;
-      pipeline_v.consumer_wait(v_state);  // (waiting again later returns at once)
-      zero_non_finite_v(ss, v_state.index(), v_state.phase(), tid);
-      Tensor c_rc = make_tensor(tScS.data(), wgmma_acc_rowcol(tScS.layout()));
-      const std::uint32_t* poison = ss.v_poison[v_state.index()][v_state.phase()];
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        int first, last;
-        mask.row_window(m0 + get<0>(c_rc(r, 0)), n * kBlockN, kBlockN, first, last);
-        if (any_row_bit<kPoisonWords>(poison, first, last)) ss.o_nan[tid] |= 1u << r;
-      }
-    };
-
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
     // ---- first block: S, softmax, P (nothing to overlap with yet) ----
@@ -234,7 +214,6 @@ struct FwdMainloop {
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
-      prepare_masked_v(n + 1);
       pipeline_k.consumer_wait(k_state);
       turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
@@ -259,7 +238,6 @@ struct FwdMainloop {
     cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
 
     // ---- last P V ----
-    prepare_masked_v(range.begin);
     pipeline_v.consumer_wait(v_state);
     turn_begin();
     wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
@@ -271,32 +249,6 @@ struct FwdMainloop {
   }
 
  private:
-  static constexpr int kPoisonWords = (kBlockN + 31) / 32;
-
-  // Zeroes the NaN/Inf chunks of V stage `stage` and marks their rows in the stage's set for
-  // fill parity `phase`, then makes the zeros visible to this warpgroup's wgmma. Each
-  // warpgroup checks the whole tile: the other one may zero a chunk first, but it sets the
-  // mark before (fenced), so a chunk seen zeroed here has its mark visible after the barrier.
-  // Volatile accesses keep the mark/zero order observable across the warpgroups.
-  __device__ static void zero_non_finite_v(SharedStorage& ss, int stage, int phase, int tid) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    Tensor tile = sV(_, _, stage);
-    constexpr int kChunks = kHeadDim / 8;
-    std::uint32_t* const marks = ss.v_poison[stage][phase];
-    // One chunk at a time: this runs with O, P and the softmax state live.
-#pragma unroll 1
-    for (int i = tid % 128; i < kBlockN * kChunks; i += 128) {
-      void* const chunk = &tile(i / kChunks, i % kChunks * 8);
-      if (chunk_non_finite<Element>(load_shared_volatile(chunk))) {
-        atomicOr(marks + (i / kChunks) / 32, 1u << ((i / kChunks) % 32));
-        __threadfence_block();
-        zero_shared_volatile(chunk);
-      }
-    }
-    cutlass::arch::fence_view_async_shared();
-    named_barrier_sync(NamedBarrier::kFwdVTail0 + tid / 128, 128);
-  }
-
   // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
   // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
   // its own threads' writes done before its product reads them.

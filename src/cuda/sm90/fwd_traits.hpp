@@ -131,11 +131,6 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
-    // NaN/Inf in V in the blocks the mask cuts (fwd_mainloop.hpp): the key rows found in each
-    // stage, one set per fill parity (the producer clears a set while the consumers use the
-    // other); per consumer thread, which of its O rows saw one (bit r: row r).
-    std::uint32_t v_poison[kStages][2][(kBlockN + 31) / 32];
-    std::uint8_t o_nan[kConsumerThreads];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
