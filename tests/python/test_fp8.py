@@ -150,7 +150,7 @@ def test_kvcache_fp8_on_cuda(page_size):
 
 def test_kvcache_fp8_through_the_custom_ops_on_cpu():
     """flashcpp.torch's ops take the fp8 cache and its descales (what torch.compile and CUDA
-    graphs go through) and give the eager call's bits."""
+    graphs go through) and give the eager call's result."""
     import flashcpp.torch as fa
 
     results = []
@@ -161,7 +161,9 @@ def test_kvcache_fp8_through_the_custom_ops_on_cpu():
                    block_table=c["table"], causal=True, k_descale=c["k_descale"],
                    v_descale=c["v_descale"])
         results.append((out, c["k_cache"].view(torch.uint8)))
-    assert torch.equal(results[0][0], results[1][0])
+    # The same cache bits; out within one bf16 rounding (on the 16-core GPU host the two runs
+    # of the threaded CPU reference differed in the last bit of a few elements).
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=2.0**-7, atol=1e-6)
     assert torch.equal(results[0][1], results[1][1])
     c = kvcache_case(None)
     options = (True, None, -1, -1, 0.0, 0, "auto", c["k_descale"], c["v_descale"])
