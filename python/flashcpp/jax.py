@@ -246,6 +246,18 @@ def _check_inputs(q, k, v, rank: int = 4, layout: str = "[B, N, H, D]") -> None:
                                 f"{q.dtype.name}")
 
 
+def _checked_options(causal, softmax_scale, window, softcap, backend, num_splits,
+                     deterministic) -> dict:
+    """The native module's options, once the handlers are known to be there."""
+    _require_handlers()
+    options = _native.options(causal, softmax_scale, window, softcap, backend, num_splits,
+                              deterministic)
+    if backend not in _BACKENDS:
+        raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
+                            f"cuda_sm90, got {backend!r}")
+    return options
+
+
 def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] = None,
               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
               return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
@@ -257,12 +269,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     v; lse (return_lse=True) is returned through jax.lax.stop_gradient. deterministic applies
     to the backward. Under jax.vmap the mapped dimensions join the batch.
     """
-    _require_handlers()
-    options = _native.options(causal, softmax_scale, window, softcap, backend, num_splits,
-                              deterministic)
-    if backend not in _BACKENDS:
-        raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
-                            f"cuda_sm90, got {backend!r}")
+    options = _checked_options(causal, softmax_scale, window, softcap, backend, num_splits,
+                               deterministic)
     q, k, v = _same_varying_axes(*(jnp.asarray(x) for x in (q, k, v)))
     _check_inputs(q, k, v)
     out, lse = _attention(q, k, v, tuple(options.items()))
@@ -345,12 +353,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     lse is [Hq, total_q]. Rows past cu_seqlens[B] get out 0 and lse -inf. Other arguments as
     in attention().
     """
-    _require_handlers()
-    options = _native.options(causal, softmax_scale, window, softcap, backend, num_splits,
-                              deterministic)
-    if backend not in _BACKENDS:
-        raise _native.Error("backend: expected one of auto, cpu, cpu_reference, cuda_sm80, "
-                            f"cuda_sm90, got {backend!r}")
+    options = _checked_options(causal, softmax_scale, window, softcap, backend, num_splits,
+                               deterministic)
     lengths = (_native.int32(max_seqlen_q, "max_seqlen_q"),
                _native.int32(max_seqlen_k, "max_seqlen_k"))
     q, k, v = _same_varying_axes(*(jnp.asarray(x) for x in (q, k, v)))
