@@ -70,8 +70,8 @@ def record_calls(monkeypatch):
     ("kvcache") launch, recorded at flashcpp._native, the one path to the native module."""
     calls = []
     for path, name in (("forward", "forward"), ("kvcache", "attention_with_kvcache")):
-        def launch(q, *args, _path=path, _original=getattr(_native, name)):
-            info = _original(q, *args)
+        def launch(q, *args, _path=path, _original=getattr(_native, name), **kwargs):
+            info = _original(q, *args, **kwargs)
             calls.append((_path, q.shape[-3], info))
             return info
 
