@@ -190,6 +190,7 @@ Plan plan_sm80_forward(const ForwardParams& p) {
                                          : p.num_splits;
   plan.kernel = sm80::fwd_kernel_name(k, plan.num_splits > 1);
   plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits);
+  plan.overlap_combine = device_info(p.device).major >= 9;
   return plan;
 }
 
@@ -419,6 +420,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
+  plan.overlap_combine = dev.major >= 9;
   return log_plan("kvcache", params, plan);
 }
 
