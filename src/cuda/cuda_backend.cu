@@ -23,6 +23,7 @@
 #include "cuda/plan_log.hpp"
 #include "cuda/sm80/bwd_dispatch.hpp"
 #include "cuda/sm80/decode_dispatch.hpp"
+#include "cuda/sm90/decode_dispatch.hpp"
 #include "cuda/sm80/fwd_dispatch.hpp"
 #include "cuda/sm90/bwd_dispatch.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
@@ -409,7 +410,8 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
     }
   }
   // The decode kernel is an sm80-family kernel (it carries sm_90 SASS): it serves explicit
-  // cuda_sm90 requests too, as the sm80 forward does for what sm90a does not cover.
+  // cuda_sm90 requests too, as the sm80 forward does for what sm90a does not cover. On sm90a
+  // a split call runs the same kernel with its splits merged in a cluster (no combine kernel).
   const sm80::DecodeKernel& k = sm80::decode_kernel_for(params);
   Plan plan;
   plan.backend = Backend::cuda_sm80;
@@ -419,6 +421,15 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         ? sm80::decode_splits(params, sm80::decode_tile_of(k), dev.sm_count)
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
+  const int cluster_splits = sm90::decode_cluster_splits(plan.num_splits, plan.splits_optional);
+  if (cluster_splits > 0 && sm90_asked(dev, requested)) {
+    if (const sm90::DecodeClusterKernel* c = sm90::find_decode_cluster_kernel(k.dtype, k.head_dim)) {
+      plan.backend = Backend::cuda_sm90;
+      plan.kernel_index = int(c - sm90::kDecodeClusterKernels);
+      plan.num_splits = cluster_splits;
+      plan.kernel = sm90::decode_cluster_kernel_name(*c, plan.num_splits);
+    }
+  }
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
   plan.overlap_combine = dev.major >= 9;
   return log_plan("kvcache", params, plan);
@@ -437,7 +448,6 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
     }
     return run_forward(plan, kvcache_forward_params(params), stream, workspace);
   }
-  const sm80::DecodeKernel& kernel = sm80::kDecodeKernels[plan.kernel_index];
   const int splits = splits_to_run(plan, workspace);
   KVCacheKernelParams kp;
   kp.p = params;
@@ -452,6 +462,16 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
                                     params.seqlen_q * params.head_dim_v;
   }
   fold_scales(kp);
+  if (plan.backend == Backend::cuda_sm90) {
+    const sm90::DecodeClusterKernel& kernel = sm90::kDecodeClusterKernels[plan.kernel_index];
+    bool ran = false;
+    launch_on_device(params.device,
+                     [&] { ran = kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
+    if (ran) return {Backend::cuda_sm90, sm90::decode_cluster_kernel_name(kernel, splits), splits};
+    // Unsplit after all (too little workspace) or no room for the cluster: the sm80-family
+    // kernel and the combine kernel, same splits.
+  }
+  const sm80::DecodeKernel& kernel = sm80::decode_kernel_for(params);
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm80, sm80::decode_kernel_name(kernel, splits > 1), splits};

@@ -265,6 +265,32 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64), "decode");
 }
 
+// On Hopper a split call of 2 to 8 splits merges them inside a thread-block cluster (no
+// combine kernel): the heuristic's 16 splits at B = 1 become 8; forced counts, contiguous and
+// paged, fp16/bf16 and an fp8 cache, softcap, speculative rows, lse; 9 or more forced splits
+// keep the combine kernel.
+TEST_F(KvCacheCuda, HopperSplitsMergeInACluster) {
+  if (!cuda_test::not_sm90_reason().empty()) GTEST_SKIP() << cuda_test::not_sm90_reason();
+  check_gpu(gpu_case({4097}, 1, 32, 8, 128, DType::bf16, 0), "_cluster8");
+  check_gpu(gpu_case({0, 63, 64, 1000, 4097}, 1, 32, 8, 128, DType::bf16, 0));
+  for (int splits : {2, 5, 8}) {
+    KvCase c = gpu_case({1, 700, 0, 2049}, 1, 16, 2, 128, DType::bf16, splits == 5 ? 16 : 0);
+    c.num_splits = splits;
+    check_gpu(c, ("_cluster" + std::to_string(splits)).c_str());
+  }
+  KvCase spec = gpu_case({300, 5000}, 4, 32, 8, 64, DType::fp16, 64);
+  spec.softcap = 30.0f;
+  spec.num_splits = 7;
+  check_gpu(spec, "_cluster7");
+  KvCase fp8 = gpu_case({3000, 17}, 1, 32, 8, 128, DType::bf16, 0);
+  fp8.fp8_cache = true;
+  fp8.num_splits = 8;
+  check_gpu(fp8, "_cluster8");
+  KvCase many = gpu_case({17, 9000}, 2, 32, 4, 128, DType::bf16, 0);
+  many.num_splits = 9;
+  check_gpu(many, "sm80_decode");
+}
+
 // An explicit sm80 request runs there, also on Hopper.
 TEST_F(KvCacheCuda, ExplicitSm80) {
   KvCase c = gpu_case({0, 70, 900}, 4, 32, 4, 128, DType::bf16, 64);

@@ -29,6 +29,7 @@
 #include "cuda/sm80/decode_fp8_fragments.hpp"
 #include "cuda/sm80/decode_tile_table.hpp"
 #include "cuda/sm80/mma_ptx.hpp"
+#include "cuda/sm90/decode_cluster_combine.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 
@@ -64,7 +65,10 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 8;
 }
 
-template <class Traits, bool kSoftcap, bool kPaged>
+// kClusterCombine (sm90 builds only): the splits of a tile run as one cluster and merge
+// through distributed shared memory (sm90/decode_cluster_combine.hpp) instead of writing
+// partials for the combine kernel.
+template <class Traits, bool kSoftcap, bool kPaged, bool kClusterCombine = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
   using Element = typename Traits::Element;
@@ -403,6 +407,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   __syncthreads();
 
   const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  // Cluster merge: this split's rows go to shared memory past the merge buffers.
+  float* const part_o = merge_o + kDecodeWarps * kDecodeRows * D;  // [16][D]
+  static_assert((kDecodeWarps + 1) * kDecodeRows * D * 4 <=
+                2 * Traits::kStages * BN * D * int(sizeof(Cache)));
   for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
     const int r = i / D, col = i % D;
     if (col >= p.head_dim_v) continue;
@@ -411,6 +419,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     for (int w = 0; w < kDecodeWarps; ++w) o += merge_o[(w * kDecodeRows + r) * D + col];
     o = row_scale[r] == 0.f ? 0.f : o * row_scale[r];  // a row that saw no key: exactly 0
     const float lse = row_lse[r];
+    if constexpr (kClusterCombine) {
+      part_o[r * D + col] = o;
+      continue;
+    }
     const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
     if (kp.num_splits > 1) {
       const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
@@ -423,6 +435,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
         p.lse[b * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + t] = lse;
     }
   }
+  if constexpr (kClusterCombine)
+    sm90::cluster_combine_store<Element, D>(part_o, row_lse, rows_here, row0, b, head_kv, kp);
 }
 
 }  // namespace flashcpp::detail::cuda::sm80
