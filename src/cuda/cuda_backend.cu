@@ -157,7 +157,7 @@ constexpr std::size_t kTileCounterBytes = 16;
 // Splits the heuristic wants for the sm90a forward of kernel `k` (its 128-row query tiles and
 // key blocks), whatever workspace the caller has.
 int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
-  const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
+  const Sm90FwdTile t = sm90::fwd_tile_of(k);
   const int n_blocks = int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
   const int s = split_heuristic(std::int64_t(p.batch) * p.heads_q * sm90::fwd_num_m_blocks(p, k),
                                 n_blocks, device_info(p.device).sm_count);
@@ -191,6 +191,25 @@ Plan plan_sm80_forward(const ForwardParams& p) {
   plan.kernel = sm80::fwd_kernel_name(k, plan.num_splits > 1);
   plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits);
   return plan;
+}
+
+// The error for a forward call with head_dim_v != head_dim that the sm90a forward does not run
+// (only its (D, Dv) pair instantiations take such calls).
+Error unrun_pair_forward_error(const ForwardParams& p, bool sm90_asked) {
+  const std::string dims = "head_dim " + std::to_string(p.head_dim) + " with head_dim_v " +
+                           std::to_string(p.head_dim_v);
+  if (!sm90_asked)
+    return Error("cuda forward: " + dims + " (D != Dv) runs only on the sm90a forward: a "
+                 "Hopper GPU, backend automatic (FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
+  if (sm90::find_fwd_kernel(p) == nullptr)
+    return Error("cuda forward: no sm90a forward kernel for " + dims + " " +
+                 dtype_name(p.dtype) + " in this build (sm90a forward head dims for " +
+                 dtype_name(p.dtype) + ": " + built_head_dim_pairs(sm90::kFwdKernels, p.dtype) +
+                 "); configure with -DFLASHCPP_HEAD_DIM_PAIRS=DxDv (and 90a in "
+                 "FLASHCPP_CUDA_ARCHS)");
+  return Error("cuda forward: " + dims + " (D != Dv) runs only on the sm90a forward, which "
+               "needs every stride of q, k, v and out a multiple of 16 bytes and 16-byte "
+               "aligned pointers (varlen: under 2^31 rows)");
 }
 
 // Softmax scales folded on the host (shared by every forward and decode kernel): exp2 takes
@@ -308,7 +327,7 @@ Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
   std::string built;
   if (sm90_asked) {
     built = "sm90a backward head dims for " + dtype + ": " +
-            built_head_dims(sm90::kBwdKernels, p.dtype);
+            built_head_dim_pairs(sm90::kBwdKernels, p.dtype);
     // One of them covers the head dim: the call is of a kind the sm90a backward does not take.
     if (sm90::find_bwd_kernel(p) != nullptr)
       built += " (which do not take varlen, deterministic, Nq = 0 or odd head dim calls, nor "
@@ -328,7 +347,7 @@ Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
 // from backward_workspace_size always fits.
 Sm90BwdTile sm90_bwd_tile_of_build(const ForwardParams& params) {
   const sm90::BwdKernel* k = sm90::find_bwd_kernel(params);
-  return k != nullptr ? sm90_bwd_tile(k->head_dim) : Sm90BwdTile{0, 0, 0, 0, false};
+  return k != nullptr ? sm90::bwd_tile_of(*k) : Sm90BwdTile{0, 0, 0, 0, 0, false};
 }
 
 // The backward kernel parameters every backward path shares: folded scales and the workspace
@@ -381,6 +400,8 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
   if (sm90_asked(dev, requested) && sm90_forward_runs(params))
     return log_plan("forward", params, plan_sm90_forward(params));
+  if (params.head_dim_v != params.head_dim)
+    throw unrun_pair_forward_error(params, sm90_asked(dev, requested));
   // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   return log_plan("forward", params, plan_sm80_forward(params));
 }
