@@ -48,6 +48,7 @@ run_stage() {  # run_stage NAME COMMAND...: log, time and record the result of o
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCPP_CUDA=ON \
+    -DFLASHCPP_HEAD_DIM_PAIRS=192x128 \
     -DFLASHCPP_BUILD_PYTHON=ON -DFLASHCPP_BUILD_TUTORIAL=ON -DFLASHCPP_PTXAS_VERBOSE=ON \
     -DPython_EXECUTABLE="$(command -v "$python")" &&
     cmake --build "$build" -j "$(nproc)" | tee "$out/logs/build-output.log"

@@ -4,6 +4,7 @@
 // through the per-architecture dispatch headers.
 #include "cuda/cuda_backend.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -193,23 +194,25 @@ Plan plan_sm80_forward(const ForwardParams& p) {
   return plan;
 }
 
-// The error for a forward call with head_dim_v != head_dim that the sm90a forward does not run
-// (only its (D, Dv) pair instantiations take such calls).
-Error unrun_pair_forward_error(const ForwardParams& p, bool sm90_asked) {
+// The error for a `pass` ("forward", "backward") call with head_dim_v != head_dim that the
+// sm90a kernels do not run: only their (D, Dv) pair instantiations take such calls. `kernels`
+// is the pass's sm90a registry; `limits` says which calls a built pair still refuses.
+template <class Kernel, std::size_t N>
+Error unrun_pair_error(const std::string& pass, const ForwardParams& p, bool sm90_asked,
+                       const Kernel (&kernels)[N], const std::string& limits) {
   const std::string dims = "head_dim " + std::to_string(p.head_dim) + " with head_dim_v " +
                            std::to_string(p.head_dim_v);
   if (!sm90_asked)
-    return Error("cuda forward: " + dims + " (D != Dv) runs only on the sm90a forward: a "
-                 "Hopper GPU, backend automatic (FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
-  if (sm90::find_fwd_kernel(p) == nullptr)
-    return Error("cuda forward: no sm90a forward kernel for " + dims + " " +
-                 dtype_name(p.dtype) + " in this build (sm90a forward head dims for " +
-                 dtype_name(p.dtype) + ": " + built_head_dim_pairs(sm90::kFwdKernels, p.dtype) +
+    return Error("cuda " + pass + ": " + dims + " (D != Dv) runs only on the sm90a " + pass +
+                 ": a Hopper GPU, backend automatic (FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
+  if (smallest_covering_pair(kernels, p.dtype, p.head_dim, p.head_dim_v) == nullptr)
+    return Error("cuda " + pass + ": no sm90a " + pass + " kernel for " + dims + " " +
+                 dtype_name(p.dtype) + " in this build (sm90a " + pass + " head dims for " +
+                 dtype_name(p.dtype) + ": " + built_head_dim_pairs(kernels, p.dtype) +
                  "); configure with -DFLASHCPP_HEAD_DIM_PAIRS=DxDv (and 90a in "
                  "FLASHCPP_CUDA_ARCHS)");
-  return Error("cuda forward: " + dims + " (D != Dv) runs only on the sm90a forward, which "
-               "needs every stride of q, k, v and out a multiple of 16 bytes and 16-byte "
-               "aligned pointers (varlen: under 2^31 rows)");
+  return Error("cuda " + pass + ": " + dims + " (D != Dv) runs only on the sm90a " + pass +
+               ", which " + limits);
 }
 
 // Softmax scales folded on the host (shared by every forward and decode kernel): exp2 takes
@@ -401,7 +404,9 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
   if (sm90_asked(dev, requested) && sm90_forward_runs(params))
     return log_plan("forward", params, plan_sm90_forward(params));
   if (params.head_dim_v != params.head_dim)
-    throw unrun_pair_forward_error(params, sm90_asked(dev, requested));
+    throw unrun_pair_error("forward", params, sm90_asked(dev, requested), sm90::kFwdKernels,
+                           "needs every stride of q, k, v and out a multiple of 16 bytes and "
+                           "16-byte aligned pointers (varlen: under 2^31 rows)");
   // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   return log_plan("forward", params, plan_sm80_forward(params));
 }
@@ -501,9 +506,10 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
     return log_plan("backward", params, plan);
   }
   if (params.head_dim_v != params.head_dim)
-    throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
-                ") different from head_dim (" + std::to_string(params.head_dim) +
-                ") is not supported yet");
+    throw unrun_pair_error("backward", params, sm90, sm90::kBwdKernels,
+                           "does not take deterministic or Nq = 0 calls, odd head dims, nor "
+                           "strides that are not multiples of 16 bytes or pointers not 16-byte "
+                           "aligned (of q, k, v, out, dout, dq, dk, dv)");
   if (params.dtype != ElementType::fp16 && params.dtype != ElementType::bf16)
     throw Error(std::string("cuda backward: dtype ") + dtype_name(params.dtype) +
                 " is not supported (supported: fp16, bf16)");
