@@ -13,6 +13,8 @@
 //  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
 //    past the sequence and columns past the real head dim predicated off); the rings fill the
 //    shared memory there and nothing else is free to stage in.
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
@@ -23,6 +25,7 @@
 #include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
+#include "cuda/sm90/value_head_dim.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -52,10 +55,8 @@ struct BwdEpilogue {
         return;
       }
     }
-    store_registers<typename Traits::TiledMmaDk, kHeadDim>(p, seq, acc_dk, p.dk, p.dk_stride,
-                                                           p.head_dim, n_block, head_kv, tid);
-    store_registers<typename Traits::TiledMmaDv, kHeadDimV>(p, seq, acc_dv, p.dv, p.dv_stride,
-                                                            p.head_dim_v, n_block, head_kv, tid);
+    store_registers<false>(p, seq, acc_dk, p.dk, p.dk_stride, n_block, head_kv, tid);
+    store_registers<true>(p, seq, acc_dv, p.dv, p.dv_stride, n_block, head_kv, tid);
   }
 
  private:
@@ -110,11 +111,15 @@ struct BwdEpilogue {
     }
   }
 
-  // acc: the (kBlockN, kCols) accumulator of TiledMma; columns from `cols` on are padding.
-  template <class TiledMma, int kCols, class Acc>
+  // acc: dV (kValue: kBlockN x Dv, TiledMmaDv) or dK (kBlockN x D, TiledMmaDk); columns past
+  // the real head dim are padding.
+  template <bool kValue, class Acc>
   __device__ static void store_registers(const BackwardParams& p, const SeqlenInfo& seq,
-                                         Acc const& acc, void* dst, const Strides& s, int cols,
+                                         Acc const& acc, void* dst, const Strides& s,
                                          int n_block, int head_kv, int tid) {
+    using TiledMma =
+        std::conditional_t<kValue, typename Traits::TiledMmaDv, typename Traits::TiledMmaDk>;
+    constexpr int kCols = kValue ? kHeadDimV : kHeadDim;
     TiledMma mma;
     auto thr = mma.get_thread_slice(tid);
     // (key, dim) of every element; pairs (2i, 2i + 1) are adjacent dims of one key.
@@ -127,7 +132,7 @@ struct BwdEpilogue {
     CUTE_UNROLL
     for (int i = 0; i < size(r); i += 2) {
       const int row = get<0>(c(i)), col = get<1>(c(i));
-      if (row < rows && col < cols) {
+      if (row < rows && col < (kValue ? value_head_dim<Traits>(p) : p.head_dim)) {
         cutlass::Array<Element, 2> pair;
         pair[0] = r(i);
         pair[1] = r(i + 1);

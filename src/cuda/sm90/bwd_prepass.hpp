@@ -12,6 +12,7 @@
 
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/value_head_dim.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
   const std::int64_t block = (std::int64_t(batch) * p.heads_q + head) * gridDim.x + m;
   const int part = threadIdx.x % kThreadsPerRow;
   const SeqlenInfo seq(p, batch);  // varlen: this sequence's rows of the packed tensors
-  const int dv = p.head_dim_v;
+  const int dv = value_head_dim<Traits>(p);
   const bool whole_chunks = dv % kElemsPerChunk == 0;  // (the common case)
   {
     const int r = threadIdx.x / kThreadsPerRow;
