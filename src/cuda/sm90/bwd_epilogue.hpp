@@ -13,8 +13,6 @@
 //  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
 //    past the sequence and columns past the real head dim predicated off); the rings fill the
 //    shared memory there and nothing else is free to stage in.
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
@@ -55,8 +53,12 @@ struct BwdEpilogue {
         return;
       }
     }
-    store_registers<false>(p, seq, acc_dk, p.dk, p.dk_stride, n_block, head_kv, tid);
-    store_registers<true>(p, seq, acc_dv, p.dv, p.dv_stride, n_block, head_kv, tid);
+    using TiledMmaDk = typename Traits::TiledMmaDk;
+    using TiledMmaDv = typename Traits::TiledMmaDv;
+    store_registers<TiledMmaDk, kHeadDim>(p, seq, acc_dk, p.dk, p.dk_stride, false, n_block,
+                                          head_kv, tid);
+    store_registers<TiledMmaDv, kHeadDimV>(p, seq, acc_dv, p.dv, p.dv_stride, true, n_block,
+                                           head_kv, tid);
   }
 
  private:
@@ -111,15 +113,13 @@ struct BwdEpilogue {
     }
   }
 
-  // acc: dV (kValue: kBlockN x Dv, TiledMmaDv) or dK (kBlockN x D, TiledMmaDk); columns past
-  // the real head dim are padding.
-  template <bool kValue, class Acc>
+  // acc: the (kBlockN, kCols) accumulator of TiledMma, dV (`value`, real width Dv) or dK
+  // (real width D); columns past the real width are padding. With D == Dv both calls are one
+  // instantiation, as before Dv existed.
+  template <class TiledMma, int kCols, class Acc>
   __device__ static void store_registers(const BackwardParams& p, const SeqlenInfo& seq,
-                                         Acc const& acc, void* dst, const Strides& s,
+                                         Acc const& acc, void* dst, const Strides& s, bool value,
                                          int n_block, int head_kv, int tid) {
-    using TiledMma =
-        std::conditional_t<kValue, typename Traits::TiledMmaDv, typename Traits::TiledMmaDk>;
-    constexpr int kCols = kValue ? kHeadDimV : kHeadDim;
     TiledMma mma;
     auto thr = mma.get_thread_slice(tid);
     // (key, dim) of every element; pairs (2i, 2i + 1) are adjacent dims of one key.
@@ -132,7 +132,7 @@ struct BwdEpilogue {
     CUTE_UNROLL
     for (int i = 0; i < size(r); i += 2) {
       const int row = get<0>(c(i)), col = get<1>(c(i));
-      if (row < rows && col < (kValue ? value_head_dim<Traits>(p) : p.head_dim)) {
+      if (row < rows && col < (value ? value_head_dim<Traits>(p) : p.head_dim)) {
         cutlass::Array<Element, 2> pair;
         pair[0] = r(i);
         pair[1] = r(i + 1);
