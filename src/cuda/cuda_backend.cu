@@ -308,8 +308,9 @@ ForwardParams kvcache_forward_params(const KVCacheParams& p) {
   return f;
 }
 
+// D != Dv (MLA chunked prefill) runs here only on an sm90a pair instantiation (plan_kvcache).
 bool kvcache_runs_forward(const KVCacheParams& p) {
-  if (p.paged() || p.num_splits > 1 || p.head_dim != p.head_dim_v) return false;
+  if (p.paged() || p.num_splits > 1) return false;
   if (p.seqlen_q < kvcache_forward_min_nnew() || p.seqlen_k == 0) return false;
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
   if (p.fp8_inputs()) return false;  // fp8 caches: the decode kernel only
@@ -425,7 +426,8 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
     Plan plan;
     if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
       plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
-    } else if (smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
+    } else if (f.head_dim == f.head_dim_v &&
+               smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);
     }
     if (plan.kernel_index >= 0) {
