@@ -10,7 +10,7 @@
 //    Varlen: only when the whole key block lies inside the sequence (a TMA store would write
 //    past its end into the next sequence's rows); otherwise from registers as below, both
 //    warpgroups alike (the TMA path synchronises them).
-//  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
+//  - Split by head dim (d256, 192 x 128): from registers, two neighbouring columns per 4-byte store (keys
 //    past the sequence and columns past the real head dim predicated off); the rings fill the
 //    shared memory there and nothing else is free to stage in.
 #include <cute/tensor.hpp>

@@ -1,5 +1,6 @@
 #pragma once
-// The sm90 backward consumer mainloop split by head dim (d256; bwd_traits_split_d.hpp): one
+// The sm90 backward consumer mainloop split by head dim (d256 and the D != Dv pair 192 x 128;
+// bwd_traits_split_d.hpp; "head-dim half" below is half of D for dK and dQ, of Dv for dV): one
 // key block of 64 keys, fed by the same producer as the d64/d128 kernel (bwd_producer.hpp).
 // Per query block (64 rows), consumer warpgroup w runs
 //   S = Q K^T, dP = dO V^T on keys [32w, 32w + 32)  (issued together)

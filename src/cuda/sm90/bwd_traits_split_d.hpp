@@ -1,6 +1,7 @@
 #pragma once
 // Compile-time description of an sm90a backward instantiation split by head dim (split_d
-// entries of bwd_tile_table.hpp, d256): 64 keys per CTA shared by both consumer warpgroups.
+// entries of bwd_tile_table.hpp: d256, 192 x 128): 64 keys per CTA shared by both consumer
+// warpgroups.
 // The same names as BwdTraits (bwd_traits.hpp), so the producer, epilogue, launch and dq
 // post-pass serve both.
 //
