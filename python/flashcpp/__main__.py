@@ -38,6 +38,8 @@ def report() -> None:
         print(f"kernels  CUDA {', '.join('sm' + a for a in info.cuda_archs)}; head dims "
               f"{', '.join(map(str, info.head_dims))} (a smaller head dim runs on the next "
               f"larger kernel); {', '.join(info.dtypes)}")
+        if info.head_dim_pairs:
+            print(f"         sm90a D x Dv pairs {', '.join(info.head_dim_pairs)} (D != Dv)")
         runtime = ("linked statically: needs only the driver"
                    if info.cuda_runtime_linking == "static" else "a shared library (libcudart)")
         print(f"cuda     toolkit {info.cuda_toolkit}; runtime {runtime}")

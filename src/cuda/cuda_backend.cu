@@ -4,6 +4,7 @@
 // through the per-architecture dispatch headers.
 #include "cuda/cuda_backend.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -158,7 +159,7 @@ constexpr std::size_t kTileCounterBytes = 16;
 // Splits the heuristic wants for the sm90a forward of kernel `k` (its 128-row query tiles and
 // key blocks), whatever workspace the caller has.
 int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
-  const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
+  const Sm90FwdTile t = sm90::fwd_tile_of(k);
   const int n_blocks = int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
   const int s = split_heuristic(std::int64_t(p.batch) * p.heads_q * sm90::fwd_num_m_blocks(p, k),
                                 n_blocks, device_info(p.device).sm_count);
@@ -193,6 +194,27 @@ Plan plan_sm80_forward(const ForwardParams& p) {
   plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits);
   plan.overlap_combine = device_info(p.device).major >= 9;
   return plan;
+}
+
+// The error for a `pass` ("forward", "backward") call with head_dim_v != head_dim that the
+// sm90a kernels do not run: only their (D, Dv) pair instantiations take such calls. `kernels`
+// is the pass's sm90a registry; `limits` says which calls a built pair still refuses.
+template <class Kernel, std::size_t N>
+Error unrun_pair_error(const std::string& pass, const ForwardParams& p, bool sm90_asked,
+                       const Kernel (&kernels)[N], const std::string& limits) {
+  const std::string dims = "head_dim " + std::to_string(p.head_dim) + " with head_dim_v " +
+                           std::to_string(p.head_dim_v);
+  if (!sm90_asked)
+    return Error("cuda " + pass + ": " + dims + " (D != Dv) runs only on the sm90a " + pass +
+                 ": a Hopper GPU, backend automatic (FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
+  if (smallest_covering_pair(kernels, p.dtype, p.head_dim, p.head_dim_v) == nullptr)
+    return Error("cuda " + pass + ": no sm90a " + pass + " kernel for " + dims + " " +
+                 dtype_name(p.dtype) + " in this build (sm90a " + pass + " head dims for " +
+                 dtype_name(p.dtype) + ": " + built_head_dim_pairs(kernels, p.dtype) +
+                 "); configure with -DFLASHCPP_HEAD_DIM_PAIRS=DxDv (and 90a in "
+                 "FLASHCPP_CUDA_ARCHS)");
+  return Error("cuda " + pass + ": " + dims + " (D != Dv) runs only on the sm90a " + pass +
+               ", which " + limits);
 }
 
 // Softmax scales folded on the host (shared by every forward and decode kernel): exp2 takes
@@ -288,8 +310,9 @@ ForwardParams kvcache_forward_params(const KVCacheParams& p) {
   return f;
 }
 
+// D != Dv (MLA chunked prefill) runs here only on an sm90a pair instantiation (plan_kvcache).
 bool kvcache_runs_forward(const KVCacheParams& p) {
-  if (p.paged() || p.num_splits > 1 || p.head_dim != p.head_dim_v) return false;
+  if (p.paged() || p.num_splits > 1) return false;
   if (p.seqlen_q < kvcache_forward_min_nnew() || p.seqlen_k == 0) return false;
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
   if (p.fp8_inputs()) return false;  // fp8 caches: the decode kernel only
@@ -310,7 +333,7 @@ Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
   std::string built;
   if (sm90_asked) {
     built = "sm90a backward head dims for " + dtype + ": " +
-            built_head_dims(sm90::kBwdKernels, p.dtype);
+            built_head_dim_pairs(sm90::kBwdKernels, p.dtype);
     // One of them covers the head dim: the call is of a kind the sm90a backward does not take.
     if (sm90::find_bwd_kernel(p) != nullptr)
       built += " (which do not take varlen, deterministic, Nq = 0 or odd head dim calls, nor "
@@ -330,7 +353,7 @@ Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
 // from backward_workspace_size always fits.
 Sm90BwdTile sm90_bwd_tile_of_build(const ForwardParams& params) {
   const sm90::BwdKernel* k = sm90::find_bwd_kernel(params);
-  return k != nullptr ? sm90_bwd_tile(k->head_dim) : Sm90BwdTile{0, 0, 0, 0, false};
+  return k != nullptr ? sm90::bwd_tile_of(*k) : Sm90BwdTile{0, 0, 0, 0, 0, false};
 }
 
 // The backward kernel parameters every backward path shares: folded scales and the workspace
@@ -383,6 +406,10 @@ Plan plan_forward(const ForwardParams& params, Backend requested) {
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
   if (sm90_asked(dev, requested) && sm90_forward_runs(params))
     return log_plan("forward", params, plan_sm90_forward(params));
+  if (params.head_dim_v != params.head_dim)
+    throw unrun_pair_error("forward", params, sm90_asked(dev, requested), sm90::kFwdKernels,
+                           "needs every stride of q, k, v and out a multiple of 16 bytes and "
+                           "16-byte aligned pointers (varlen: under 2^31 rows)");
   // What sm90 does not cover runs on the sm80 (mma.sync) kernels, which carry sm_90 SASS.
   return log_plan("forward", params, plan_sm80_forward(params));
 }
@@ -401,7 +428,8 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
     Plan plan;
     if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
       plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
-    } else if (smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
+    } else if (f.head_dim == f.head_dim_v &&
+               smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);
     }
     if (plan.kernel_index >= 0) {
@@ -502,9 +530,10 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
     return log_plan("backward", params, plan);
   }
   if (params.head_dim_v != params.head_dim)
-    throw Error("cuda backward: head_dim_v (" + std::to_string(params.head_dim_v) +
-                ") different from head_dim (" + std::to_string(params.head_dim) +
-                ") is not supported yet");
+    throw unrun_pair_error("backward", params, sm90, sm90::kBwdKernels,
+                           "does not take deterministic or Nq = 0 calls, odd head dims, nor "
+                           "strides that are not multiples of 16 bytes or pointers not 16-byte "
+                           "aligned (of q, k, v, out, dout, dq, dk, dv)");
   if (params.dtype != ElementType::fp16 && params.dtype != ElementType::bf16)
     throw Error(std::string("cuda backward: dtype ") + dtype_name(params.dtype) +
                 " is not supported (supported: fp16, bf16)");

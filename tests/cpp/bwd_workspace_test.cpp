@@ -26,9 +26,9 @@ ForwardParams shape(int batch, int heads_q, int heads_kv, int seqlen_q, int head
 
 // The tiles spelled out here rather than read from the table, so a table change that would
 // alter the workspace shows up as a failure of this test, not a silent new expectation.
-constexpr Sm90BwdTile kNone{0, 0, 0, 0, false};
-constexpr Sm90BwdTile kD128{128, 64, 128, 2, false};
-constexpr Sm90BwdTile kD256{256, 64, 64, 2, true};
+constexpr Sm90BwdTile kNone{0, 0, 0, 0, 0, false};
+constexpr Sm90BwdTile kD128{128, 128, 64, 128, 2, false};
+constexpr Sm90BwdTile kD256{256, 256, 64, 64, 2, true};
 
 void expect_bytes(const ForwardParams& p, const Sm90BwdTile& t, std::int64_t dq,
                   std::int64_t stats) {
@@ -68,7 +68,7 @@ TEST(BwdWorkspace, TheLargerLayoutWins) {
   // A hand-made tile narrower than the call (the table never hands one out): blocked
   // 1*1*128*64 = 8192 dq floats is below plain 1*1*128*96 = 12288, so plain is kept.
   const ForwardParams p = shape(1, 1, 1, 128, 96);
-  expect_bytes(p, Sm90BwdTile{64, 64, 128, 2, false}, 12288, 128);
+  expect_bytes(p, Sm90BwdTile{64, 64, 64, 128, 2, false}, 12288, 128);
 }
 
 TEST(BwdWorkspace, VarlenIsBlockedLikePadded) {

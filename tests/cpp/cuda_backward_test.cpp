@@ -4,6 +4,7 @@
 // wgmma main kernel between the sm80 pre- and post-pass; its d64/d128 layout has 128 keys per
 // CTA, d256 is the other layout (consumer warpgroups split the head dim, 64 keys per CTA,
 // bwd_tile_table.hpp), so sm90 sweeps visit each, and d160, d192 run zero-padded on d256.
+// D != Dv runs on sm90a only, on the (D, Dv) pair instantiations (192x128 here).
 // Every test skips without a GPU (CI has none), and the sm90 ones on a GPU that is not sm90 or
 // in a build without the sm90a backward kernels. The harness is cuda_harness.hpp.
 #include <gtest/gtest.h>
@@ -439,6 +440,107 @@ TEST_P(CudaBackwardSm90, Fp16) {
       c.causal = causal;
       check(c);
     }
+}
+
+// ---- D != Dv ------------------------------------------------------------------------------------
+
+// The kernel name a D != Dv case must report: the sm90a backward of its dtype and the pair.
+void expect_pair_kernel(const BwdCase& c, const BwdResult& r, const std::string& pair) {
+  if (r.not_built) return;
+  const std::string prefix = std::string("sm90_bwd_") + dtype_name(c.dtype) + "_hdim" + pair + "_";
+  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << describe(c) << ": " << r.info.kernel;
+}
+
+// A case of head dims D, Dv on the backend under test.
+BwdCase pair_case(BwdCase c, int d, int dv) {
+  c.D = d;
+  c.Dv = dv;
+  return c;
+}
+
+// D != Dv (DeepSeek-style MLA prefill: D 192, Dv 128) on the 192x128 instantiation (split by
+// head dim, Q and K in the 64-byte swizzle): dq and dk [.., 192], dv [.., 128]. bf16 and
+// fp16, causal or not, lengths across the 64-row and 64-key blocks, GQA/MQA (dK, dV summed
+// over the group), windows and softcap.
+TEST_P(CudaBackwardSm90, HeadDimPair192x128) {
+  for (DType t : {DType::bf16, DType::fp16})
+    for (auto [nq, nk] : Lengths{{113, 203}, {203, 113}, {64, 64}, {1, 300}})
+      for (bool causal : {false, true}) {
+        BwdCase c = pair_case(base(), 192, 128);
+        c.dtype = t;
+        c.B = 2;
+        c.Hq = c.Hkv = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.causal = causal;
+        expect_pair_kernel(c, check(c), "192x128");
+      }
+  for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}})
+    for (bool causal : {false, true}) {
+      BwdCase c = pair_case(base(), 192, 128);
+      c.Hq = hq;
+      c.Hkv = hkv;
+      c.Nq = 300;
+      c.Nk = 520;
+      c.causal = causal;
+      check(c);
+    }
+  for (auto [wl, wr] : {std::pair{17, 5}, {150, 100}})
+    for (float softcap : {0.f, 30.f}) {
+      BwdCase c = pair_case(base(), 192, 128);
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Nq = 150;
+      c.Nk = 260;
+      c.wl = wl;
+      c.wr = wr;
+      c.softcap = softcap;
+      check(c);
+    }
+  BwdCase c = pair_case(base(), 192, 128);
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.Nq = c.Nk = 1000;
+  c.causal = true;
+  check(c);
+}
+
+// D != Dv, the rest: varlen, [B, H, N, D] strides, smaller pairs zero-padded onto 192x128
+// (small enough for compute-sanitizer).
+TEST_P(CudaBackwardSm90, HeadDimPairVarlenPaddingStrides) {
+  for (const MaskCase& m : kVarlenMasks) {
+    BwdCase c = pair_case(base(), 192, 128);
+    make_varlen_mixed(c, 192, m);
+    expect_pair_kernel(c, check(c), "192x128");
+  }
+  check_bhsd_strides(pair_case(base(), 192, 128), 192);
+  for (auto [d, dv] : {std::pair{160, 96}, {136, 64}, {128, 120}}) {
+    BwdCase c = pair_case(base(), d, dv);
+    c.Nq = 150;
+    c.Nk = 260;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.causal = true;
+    expect_pair_kernel(c, check(c), "192x128");
+  }
+}
+
+// The sm80 backward has no D != Dv kernel: the call is refused with an error that names both
+// head dims and the sm90a backward that takes them.
+TEST_P(CudaBackwardSm80, HeadDimPairIsRefused) {
+  BwdCase c = base();
+  c.D = 192;
+  c.Dv = 128;
+  c.Nq = c.Nk = 64;
+  BwdResult r;
+  try {
+    run_case(c, r);
+    FAIL() << "expected flashcpp::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("head_dim_v 128"), std::string::npos) << what;
+    EXPECT_NE(what.find("sm90a"), std::string::npos) << what;
+  }
 }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing

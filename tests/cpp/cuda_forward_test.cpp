@@ -8,6 +8,7 @@
 // cuda_harness.hpp; the GPU workflow builds every kernel, so it skips no case. A subset that
 // has an sm80-only head dim (32, 96, 192) but not the sm90 one above it (64, 128, 256) still
 // fails on sm90: those cases run on sm80 instead, which is a fallback, not a missing kernel.
+// D != Dv runs on sm90a only, on the (D, Dv) pair instantiations (192x128 here); sm80 refuses it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -445,6 +446,113 @@ TEST_P(CudaForwardSm90, DecodeShapeSplits) {
   const FwdResult r = check(d);
   if (!r.not_built) {
     EXPECT_GT(r.info.num_splits, 1);
+  }
+}
+
+// ---- D != Dv ------------------------------------------------------------------------------------
+
+// The kernel name a D != Dv case must report: the sm90a forward of its dtype and the pair.
+void expect_pair_kernel(const FwdCase& c, const FwdResult& r, const std::string& pair) {
+  if (r.not_built) return;
+  const std::string prefix = std::string("sm90_fwd_") + dtype_name(c.dtype) + "_hdim" + pair + "_";
+  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << describe(c) << ": " << r.info.kernel;
+}
+
+// A case of head dims D, Dv on the backend under test.
+FwdCase pair_case(FwdCase c, int d, int dv) {
+  c.D = d;
+  c.Dv = dv;
+  return c;
+}
+
+// D != Dv (DeepSeek-style MLA prefill: D 192, Dv 128) on the 192x128 instantiation: bf16 and
+// fp16, causal or not, lengths across the tile edges and long enough for the K/V rings to
+// wrap; GQA/MQA with windows and softcap.
+TEST_P(CudaForwardSm90, HeadDimPair192x128) {
+  for (DType t : {DType::bf16, DType::fp16})
+    for (auto [nq, nk] : Lengths{{113, 203}, {129, 257}, {700, 2100}, {1, 300}, {300, 1}})
+      for (bool causal : {false, true}) {
+        FwdCase c = pair_case(base(), 192, 128);
+        c.dtype = t;
+        c.B = 2;
+        c.Hq = c.Hkv = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.causal = causal;
+        expect_pair_kernel(c, check(c), "192x128");
+      }
+  for (auto [hq, hkv] : {std::pair{8, 1}, {16, 2}})
+    for (auto [wl, wr] : {std::pair{-1, -1}, {100, 7}, {17, 5}})
+      for (float softcap : {0.f, 30.f}) {
+        FwdCase c = pair_case(base(), 192, 128);
+        c.Hq = hq;
+        c.Hkv = hkv;
+        c.Nq = 300;
+        c.Nk = 520;
+        c.wl = wl;
+        c.wr = wr;
+        c.softcap = softcap;
+        check(c);
+      }
+}
+
+// D != Dv, the rest: varlen, split-KV, smaller pairs zero-padded onto 192x128, [B, H, N, D]
+// strides, and repeated runs bitwise identical (small enough for compute-sanitizer).
+TEST_P(CudaForwardSm90, HeadDimPairVarlenSplitPaddingStrides) {
+  for (const MaskCase& m : kVarlenMasks) {
+    FwdCase c = pair_case(base(), 192, 128);
+    make_varlen_mixed(c, 192, m);
+    expect_pair_kernel(c, check(c), "192x128");
+  }
+  for (bool causal : {false, true}) {
+    FwdCase c = pair_case(base(), 192, 128);
+    c.causal = causal;
+    const FwdResult r = check_split_kv_forced(c, 192);
+    expect_pair_kernel(c, r, "192x128");
+    if (!r.not_built) {
+      EXPECT_NE(std::string(r.info.kernel).find("splitkv"), std::string::npos);
+    }
+  }
+  // Smaller pairs run zero-padded on the 192x128 instantiation (TMA fills the columns).
+  for (auto [d, dv] : {std::pair{160, 96}, {136, 64}, {192, 64}, {128, 120}}) {
+    FwdCase c = pair_case(base(), d, dv);
+    c.Nq = 200;
+    c.Nk = 333;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.causal = true;
+    expect_pair_kernel(c, check(c), "192x128");
+  }
+  FwdCase c = pair_case(base(), 192, 128);
+  check_bhsd_strides(c, 192);
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.Nq = 300;
+  c.Nk = 700;
+  c.causal = true;
+  FwdResult a, b;
+  run_built_case(c, a);
+  if (a.not_built) return;
+  run_case(c, b, 3);
+  EXPECT_EQ(a.out_bits, b.out_bits);
+}
+
+// The sm80 forward has no D != Dv kernel: the call is refused with an error that names both head
+// dims and the sm90a forward that takes them.
+TEST_P(CudaForwardSm80, HeadDimPairIsRefused) {
+  FwdCase c = base();
+  c.D = 192;
+  c.Dv = 128;
+  c.Nq = c.Nk = 64;
+  FwdResult r;
+  try {
+    run_case(c, r);
+    FAIL() << "expected flashcpp::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("head_dim_v 128"), std::string::npos) << what;
+    EXPECT_NE(what.find("sm90a"), std::string::npos) << what;
   }
 }
 

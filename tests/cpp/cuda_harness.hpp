@@ -216,6 +216,7 @@ inline std::vector<float> logical(DType t, const std::vector<std::uint16_t>& m, 
 // [total, H, D] and lse [Hq, total_q].
 struct CaseBase {
   int B = 1, Nq = 1, Nk = 1, Hq = 1, Hkv = 1, D = 64;
+  int Dv = 0;  // head dim of v, out, dout, dv; 0: same as D
   DType dtype = DType::bf16;
   bool causal = false;
   int wl = -1, wr = -1;
@@ -228,6 +229,7 @@ struct CaseBase {
   Backend expect = Backend::cuda_sm80;
 
   bool varlen() const { return !seqlens_q.empty(); }
+  int dv() const { return Dv > 0 ? Dv : D; }
 };
 
 // The varlen sweep of both passes: lengths around the tile sizes (1, 79-81, 127-129, 255-257,
@@ -261,7 +263,8 @@ inline std::string describe(const CaseBase& c) {
                  std::to_string(c.seqlens_k[b]);
   }
   return "B=" + std::to_string(c.B) + " " + lengths + " H=" + std::to_string(c.Hq) + "/" +
-         std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " + dtype_name(c.dtype) +
+         std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
+         (c.dv() != c.D ? " Dv=" + std::to_string(c.dv()) : "") + " " + dtype_name(c.dtype) +
          (c.causal ? " causal" : "") + " window=(" + std::to_string(c.wl) + "," +
          std::to_string(c.wr) + ") softcap=" + std::to_string(c.softcap) +
          (c.bhsd ? " bhsd" : " bshd") + " backend=" + backend_name(c.backend);
@@ -272,7 +275,8 @@ struct Geometry {
   bool varlen = false;
   int B = 0, max_q = 0, max_k = 0;
   std::vector<int> cu_q{0}, cu_k{0};  // sequence offsets (varlen), {0} otherwise
-  MemLayout q, k, lse;                // q, out, dout, dq / k, v, dk, dv / lse (dense)
+  MemLayout q, k, lse;                // q, dq / k, dk / lse (dense)
+  MemLayout v, o;                     // v, dv / out, dout: as k / q with Dv columns
 };
 
 inline Geometry geometry_of(const CaseBase& c) {
@@ -286,14 +290,15 @@ inline Geometry geometry_of(const CaseBase& c) {
   g.max_q = varlen ? *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end()) : c.Nq;
   g.max_k = varlen ? *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end()) : c.Nk;
   // n rows per sequence (padded) or n rows in all (varlen), h heads.
-  auto layout = [&](std::int64_t n, std::int64_t h) -> MemLayout {
-    const std::int64_t D = c.D;
+  auto layout = [&](std::int64_t n, std::int64_t h, std::int64_t D) -> MemLayout {
     if (varlen) return {{n, h, D}, {h * D, D, 1}};
     if (c.bhsd) return {{g.B, n, h, D}, {h * n * D, D, n * D, 1}};
     return {{g.B, n, h, D}, {n * h * D, h * D, D, 1}};
   };
-  g.q = layout(varlen ? g.cu_q.back() : c.Nq, c.Hq);
-  g.k = layout(varlen ? g.cu_k.back() : c.Nk, c.Hkv);
+  g.q = layout(varlen ? g.cu_q.back() : c.Nq, c.Hq, c.D);
+  g.k = layout(varlen ? g.cu_k.back() : c.Nk, c.Hkv, c.D);
+  g.o = layout(varlen ? g.cu_q.back() : c.Nq, c.Hq, c.dv());
+  g.v = layout(varlen ? g.cu_k.back() : c.Nk, c.Hkv, c.dv());
   const std::int64_t rows_q = varlen ? g.cu_q.back() : std::int64_t(g.B) * c.Nq;
   g.lse = varlen ? MemLayout{{c.Hq, rows_q}, {rows_q, 1}}
                  : MemLayout{{g.B, c.Hq, c.Nq}, {std::int64_t(c.Hq) * c.Nq, c.Nq, 1}};
@@ -328,7 +333,7 @@ inline void reference_forward(const Geometry& g, AttentionOptions opt, std::vect
   opt.num_splits = 0;
   TensorView rl = host_view(lse, g.lse.shape);
   const TensorView rq = host_view(q, g.q.shape), rk = host_view(k, g.k.shape),
-                   rv = host_view(v, g.k.shape), ro = host_view(out, g.q.shape);
+                   rv = host_view(v, g.v.shape), ro = host_view(out, g.o.shape);
   if (g.varlen) {
     std::vector<int> cq = g.cu_q, ck = g.cu_k;
     const TensorView hcq = TensorView::contiguous(cq.data(), DType::int32, {g.B + 1});
@@ -420,22 +425,23 @@ struct FwdResult {
 inline void run_case(const FwdCase& c, FwdResult& r, int repeats = 1) {
   const Geometry g = geometry_of(c);
   const std::int64_t nq = g.q.elements(), nk = g.k.elements(), nl = g.lse.elements();
-  std::vector<float> q(nq), k(nk), v(nk);
+  const std::int64_t nv = g.v.elements(), no = g.o.elements();
+  std::vector<float> q(nq), k(nk), v(nv);
   fill_rounded(c.dtype, c.seed, {&q, &k, &v});
 
-  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2),
+  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nv * 2), dout(no * 2),
       dlse(std::max<std::int64_t>(nl, 1) * 4), dcu_q(g.cu_q.size() * 4),
       dcu_k(g.cu_k.size() * 4);
   upload(dq, image(c.dtype, q, g.q));
   upload(dk, image(c.dtype, k, g.k));
-  upload(dv, image(c.dtype, v, g.k));
+  upload(dv, image(c.dtype, v, g.v));
   upload(dcu_q, g.cu_q);
   upload(dcu_k, g.cu_k);
 
   AttentionOptions opt = options_of(c);
   opt.num_splits = c.num_splits;
   const TensorView tq = device_view(dq, c.dtype, g.q), tk = device_view(dk, c.dtype, g.k),
-                   tv = device_view(dv, c.dtype, g.k), tout = device_view(dout, c.dtype, g.q);
+                   tv = device_view(dv, c.dtype, g.v), tout = device_view(dout, c.dtype, g.o);
   const TensorView tlse = device_view(dlse, DType::fp32, g.lse);
   const MemLayout cu{{g.B + 1}, {1}};
   const TensorView tcu_q = device_view(dcu_q, DType::int32, cu);
@@ -450,22 +456,22 @@ inline void run_case(const FwdCase& c, FwdResult& r, int repeats = 1) {
 
   for (int rep = 0; rep < repeats; ++rep) {
     // Poison: 0xFF.. is NaN in fp16, bf16 and fp32, so any element not written shows up.
-    cuda_ok(cudaMemset(dout.ptr, 0xFF, nq * 2));
+    cuda_ok(cudaMemset(dout.ptr, 0xFF, no * 2));
     cuda_ok(cudaMemset(dlse.ptr, 0xFF, nl * 4));
     const Workspace w{ws.ptr, ws_bytes};
     r.info = c.varlen() ? forward_varlen(tq, tk, tv, tout, &tlse, tcu_q, tcu_k, g.max_q,
                                          g.max_k, opt, nullptr, w)
                         : forward(tq, tk, tv, tout, &tlse, opt, nullptr, w);
     cuda_ok(cudaDeviceSynchronize());
-    const std::vector<std::uint16_t> img = download<std::uint16_t>(dout, nq);
-    r.out_bits.resize(nq);
-    for (std::int64_t i = 0; i < nq; ++i) r.out_bits[i] = img[g.q.offset(i)];
+    const std::vector<std::uint16_t> img = download<std::uint16_t>(dout, no);
+    r.out_bits.resize(no);
+    for (std::int64_t i = 0; i < no; ++i) r.out_bits[i] = img[g.o.offset(i)];
   }
-  r.out.resize(nq);
-  for (std::int64_t i = 0; i < nq; ++i) r.out[i] = from_bits(c.dtype, r.out_bits[i]);
+  r.out.resize(no);
+  for (std::int64_t i = 0; i < no; ++i) r.out[i] = from_bits(c.dtype, r.out_bits[i]);
   r.lse = download<float>(dlse, nl);
 
-  r.ref_out.assign(nq, 0.f);
+  r.ref_out.assign(no, 0.f);
   r.ref_lse.assign(nl, 0.f);
   reference_forward(g, opt, q, k, v, r.ref_out, r.ref_lse);
 }
@@ -563,31 +569,32 @@ struct BwdResult {
 inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
   const Geometry g = geometry_of(c);
   const std::int64_t nq = g.q.elements(), nk = g.k.elements(), nl = g.lse.elements();
-  std::vector<float> q(nq), k(nk), v(nk), dout(nq), out(nq), lse(nl);
+  const std::int64_t nv = g.v.elements(), no = g.o.elements();
+  std::vector<float> q(nq), k(nk), v(nv), dout(no), out(no), lse(nl);
   fill_rounded(c.dtype, c.seed, {&q, &k, &v, &dout});
   AttentionOptions opt = options_of(c);
   opt.deterministic = c.deterministic;
   reference_forward(g, opt, q, k, v, out, lse);
   for (float& x : out) x = test::round_to(c.dtype, x);
 
-  DeviceBuffer gq(nq * 2), gk(nk * 2), gv(nk * 2), gout(nq * 2), gdout(nq * 2),
-      glse(std::max<std::int64_t>(nl, 1) * 4), gdq(nq * 2), gdk(nk * 2), gdv(nk * 2),
+  DeviceBuffer gq(nq * 2), gk(nk * 2), gv(nv * 2), gout(no * 2), gdout(no * 2),
+      glse(std::max<std::int64_t>(nl, 1) * 4), gdq(nq * 2), gdk(nk * 2), gdv(nv * 2),
       gcu_q(g.cu_q.size() * 4), gcu_k(g.cu_k.size() * 4);
   upload(gq, image(c.dtype, q, g.q));
   upload(gk, image(c.dtype, k, g.k));
-  upload(gv, image(c.dtype, v, g.k));
-  upload(gout, image(c.dtype, out, g.q));
-  upload(gdout, image(c.dtype, dout, g.q));
+  upload(gv, image(c.dtype, v, g.v));
+  upload(gout, image(c.dtype, out, g.o));
+  upload(gdout, image(c.dtype, dout, g.o));
   upload(glse, lse);
   upload(gcu_q, g.cu_q);
   upload(gcu_k, g.cu_k);
 
   const TensorView tq = device_view(gq, c.dtype, g.q), tk = device_view(gk, c.dtype, g.k),
-                   tv = device_view(gv, c.dtype, g.k), tout = device_view(gout, c.dtype, g.q),
-                   tdout = device_view(gdout, c.dtype, g.q),
+                   tv = device_view(gv, c.dtype, g.v), tout = device_view(gout, c.dtype, g.o),
+                   tdout = device_view(gdout, c.dtype, g.o),
                    tlse = device_view(glse, DType::fp32, g.lse),
                    tdq = device_view(gdq, c.dtype, g.q), tdk = device_view(gdk, c.dtype, g.k),
-                   tdv = device_view(gdv, c.dtype, g.k);
+                   tdv = device_view(gdv, c.dtype, g.v);
   const MemLayout cu{{g.B + 1}, {1}};
   const TensorView tcu_q = device_view(gcu_q, DType::int32, cu);
   const TensorView tcu_k = device_view(gcu_k, DType::int32, cu);
@@ -602,7 +609,7 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
   for (int rep = 0; rep < repeats; ++rep) {
     cuda_ok(cudaMemset(gdq.ptr, 0xFF, nq * 2));  // NaN in fp16 and bf16
     cuda_ok(cudaMemset(gdk.ptr, 0xFF, nk * 2));
-    cuda_ok(cudaMemset(gdv.ptr, 0xFF, nk * 2));
+    cuda_ok(cudaMemset(gdv.ptr, 0xFF, nv * 2));
     // The workspace is poisoned too: nothing may rely on it being zero.
     cuda_ok(cudaMemset(ws_ptr, 0xFF, give));
     const Workspace w{ws_ptr, give};
@@ -612,7 +619,7 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
     cuda_ok(cudaDeviceSynchronize());
     img_dq = download<std::uint16_t>(gdq, nq);
     img_dk = download<std::uint16_t>(gdk, nk);
-    img_dv = download<std::uint16_t>(gdv, nk);
+    img_dv = download<std::uint16_t>(gdv, nv);
     std::vector<std::uint16_t> joined = img_dq;
     joined.insert(joined.end(), img_dk.begin(), img_dk.end());
     joined.insert(joined.end(), img_dv.begin(), img_dv.end());
@@ -620,18 +627,18 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
   }
   r.dq = logical(c.dtype, img_dq, g.q);
   r.dk = logical(c.dtype, img_dk, g.k);
-  r.dv = logical(c.dtype, img_dv, g.k);
+  r.dv = logical(c.dtype, img_dv, g.v);
 
   r.ref_dq.assign(nq, 0.f);
   r.ref_dk.assign(nk, 0.f);
-  r.ref_dv.assign(nk, 0.f);
+  r.ref_dv.assign(nv, 0.f);
   AttentionOptions ropt = opt;
   ropt.backend = Backend::cpu_reference;
   const TensorView rq = host_view(q, g.q.shape), rk = host_view(k, g.k.shape),
-                   rv = host_view(v, g.k.shape), ro = host_view(out, g.q.shape),
-                   rdo = host_view(dout, g.q.shape), rl = host_view(lse, g.lse.shape),
+                   rv = host_view(v, g.v.shape), ro = host_view(out, g.o.shape),
+                   rdo = host_view(dout, g.o.shape), rl = host_view(lse, g.lse.shape),
                    rdq = host_view(r.ref_dq, g.q.shape), rdk = host_view(r.ref_dk, g.k.shape),
-                   rdv = host_view(r.ref_dv, g.k.shape);
+                   rdv = host_view(r.ref_dv, g.v.shape);
   if (c.varlen()) {
     std::vector<int> cq = g.cu_q, ck = g.cu_k;
     const TensorView hcq = TensorView::contiguous(cq.data(), DType::int32, {g.B + 1});

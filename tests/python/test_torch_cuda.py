@@ -179,3 +179,34 @@ def test_varlen_matches_the_reference_per_sequence(causal):
                 err = (ours[None, rq:rq + nq].double() - exact).abs().max().item()
                 assert err <= bound, f"sequence ({nq}, {nk}): {err:.3g} > {bound:.3g}"
         rq, rk = rq + nq, rk + nk
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mla_prefill_head_dims_run_on_sm90a(causal):
+    # D 192 / Dv 128 (DeepSeek-style MLA prefill): only the sm90a pair kernels take D != Dv.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("D != Dv runs on the sm90a kernels only (a Hopper GPU)")
+    dtype = torch.bfloat16
+    q, k = (torch.randn(1, 300, h, 192, device="cuda", dtype=dtype, requires_grad=True)
+            for h in (8, 2))
+    v = torch.randn(1, 300, 2, 128, device="cuda", dtype=dtype, requires_grad=True)
+    try:
+        out = fa.attention(q, k, v, causal=causal)
+    except flashcpp.Error as error:
+        if "in this build" in str(error):
+            pytest.skip(str(error))
+        raise
+    assert "hdim192x128" in flashcpp.last_run_info().kernel, flashcpp.last_run_info()
+    assert out.shape == (1, 300, 8, 128)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert "hdim192x128" in flashcpp.last_run_info().kernel, flashcpp.last_run_info()
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    exact_out, _ = reference(*exact, causal=causal)
+    bound = 8 * UNIT_ROUNDOFF[dtype] * max(1.0, exact_out.abs().max().item())
+    assert (out.double() - exact_out).abs().max().item() <= bound
+    exact_grads = torch.autograd.grad(exact_out, exact, dout.double())
+    for name, ours, want in zip("qkv", grads, exact_grads):
+        assert ours.shape == want.shape
+        bound = 8 * UNIT_ROUNDOFF[dtype] * max(1.0, want.abs().max().item())
+        assert (ours.double() - want).abs().max().item() <= bound, f"d{name}"

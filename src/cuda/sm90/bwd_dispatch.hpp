@@ -4,7 +4,7 @@
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
 // Not covered (the planner sends these to the sm80 backward): deterministic, Nq = 0,
-// head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
+// head_dim_v != head_dim without a pair instantiation (FLASHCPP_HEAD_DIM_PAIRS), head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
 // base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
 // post-pass and the epilogue read and write in element pairs).
@@ -30,35 +30,43 @@ namespace flashcpp::detail::cuda::sm90 {
 // launches the sm90 pre-pass, the main kernel and the dq post-pass.
 using BwdEntry = void (*)(const BwdKernelParams&, cudaStream_t);
 
-#define FLASHCPP_SM90_BWD(dtype, hdim) \
-  void bwd_##dtype##_hdim##hdim(const BwdKernelParams& kp, cudaStream_t stream);
+#define FLASHCPP_SM90_BWD(dtype, tag, hdim, hdim_v) \
+  void bwd_##dtype##_hdim##tag(const BwdKernelParams& kp, cudaStream_t stream);
 #include "bwd_sm90_registry.inc"
 #undef FLASHCPP_SM90_BWD
 
-using BwdKernel = RegistryEntry<BwdEntry>;
+using BwdKernel = PairRegistryEntry<BwdEntry>;
 
-#define FLASHCPP_SM90_BWD(dtype, hdim) {ElementType::dtype, hdim, &bwd_##dtype##_hdim##hdim},
+#define FLASHCPP_SM90_BWD(dtype, tag, hdim, hdim_v) \
+  {ElementType::dtype, hdim, hdim_v, &bwd_##dtype##_hdim##tag},
 inline constexpr BwdKernel kBwdKernels[] = {
 #include "bwd_sm90_registry.inc"
-    kRegistrySentinel<BwdEntry>};
+    kPairRegistrySentinel<BwdEntry>};
 #undef FLASHCPP_SM90_BWD
 
-// The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
-// run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
+// The smallest instantiation of this dtype whose head dims cover the call's (smaller head dims
+// run zero-padded: the TMA descriptors carry the real head dims and fill the rest with zeros);
+// D != Dv calls only on the D != Dv instantiations.
 inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
-  return smallest_covering(kBwdKernels, p.dtype, p.head_dim);
+  return smallest_covering_pair(kBwdKernels, p.dtype, p.head_dim, p.head_dim_v);
+}
+
+// The tile of an instantiation.
+inline Sm90BwdTile bwd_tile_of(const BwdKernel& k) {
+  return sm90_bwd_tile(k.head_dim, k.head_dim_v);
 }
 
 // True when the sm90 backward main kernel can run this call.
 inline bool bwd_covers(const BackwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || p.deterministic) return false;
+  if (p.deterministic) return false;
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
   // dk, dv.
   if (p.seqlen_q <= 0) return false;
-  // dq, dk and dv take paired (4-byte) stores: an even head dim keeps them aligned.
-  if (p.head_dim % 2 != 0 || find_bwd_kernel(p) == nullptr) return false;
+  // dq, dk and dv take paired (4-byte) stores: even head dims keep them aligned.
+  if (p.head_dim % 2 != 0 || p.head_dim_v % 2 != 0 || find_bwd_kernel(p) == nullptr)
+    return false;
   const int nq = tma_rows_q(p), nk = tma_rows_k(p), hq = p.heads_q, hk = p.heads_kv,
             b = tma_batches(p);
   return tma_compatible(p.q, p.q_stride, nq, hq, b) &&
@@ -72,15 +80,16 @@ inline bool bwd_covers(const BackwardParams& p) {
 }
 
 inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
-  const int block_n = sm90_bwd_tile(k.head_dim).block_n;
+  const int block_n = bwd_tile_of(k).block_n;
   return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
 }
 
-// RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws".
+// RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws" ("..._hdim192x128_..." for D 192,
+// Dv 128).
 inline const char* bwd_kernel_name(const BwdKernel& k) {
-  const Sm90BwdTile t = sm90_bwd_tile(k.head_dim);
+  const Sm90BwdTile t = bwd_tile_of(k);
   return intern_name(std::string("sm90_bwd_") + dtype_name(k.dtype) +
-                     "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
+                     "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
 }
 

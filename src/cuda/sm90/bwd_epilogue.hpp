@@ -10,7 +10,7 @@
 //    Varlen: only when the whole key block lies inside the sequence (a TMA store would write
 //    past its end into the next sequence's rows); otherwise from registers as below, both
 //    warpgroups alike (the TMA path synchronises them).
-//  - Split by head dim (d256): from registers, two neighbouring columns per 4-byte store (keys
+//  - Split by head dim (d256, 192 x 128): from registers, two neighbouring columns per 4-byte store (keys
 //    past the sequence and columns past the real head dim predicated off); the rings fill the
 //    shared memory there and nothing else is free to stage in.
 #include <cute/tensor.hpp>
@@ -23,6 +23,7 @@
 #include "cuda/sm90/tma_extents.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
+#include "cuda/sm90/value_head_dim.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -35,10 +36,11 @@ struct BwdEpilogue {
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
 
-  template <class AccDkv>
+  template <class AccDk, class AccDv>
   __device__ void operator()(const BwdParams<Traits>& params, const SeqlenInfo& seq,
-                             int n_block, int head_kv, AccDkv& acc_dk, AccDkv const& acc_dv,
+                             int n_block, int head_kv, AccDk& acc_dk, AccDv const& acc_dv,
                              SharedStorage& ss, int tid) const {
     const BackwardParams& p = params.kp.p;
     CUTE_UNROLL
@@ -51,11 +53,16 @@ struct BwdEpilogue {
         return;
       }
     }
-    store_registers(p, seq, acc_dk, p.dk, p.dk_stride, n_block, head_kv, tid);
-    store_registers(p, seq, acc_dv, p.dv, p.dv_stride, n_block, head_kv, tid);
+    using TiledMmaDk = typename Traits::TiledMmaDk;
+    using TiledMmaDv = typename Traits::TiledMmaDv;
+    store_registers<TiledMmaDk, kHeadDim>(p, seq, acc_dk, p.dk, p.dk_stride, false, n_block,
+                                          head_kv, tid);
+    store_registers<TiledMmaDv, kHeadDimV>(p, seq, acc_dv, p.dv, p.dv_stride, true, n_block,
+                                           head_kv, tid);
   }
 
  private:
+  // Split by keys only, where D == Dv (one stage layout and tile for both).
   template <class AccDkv>
   __device__ static void store_tma(const BwdParams<Traits>& params, const SeqlenInfo& seq,
                                    AccDkv const& acc_dk, AccDkv const& acc_dv, int n_block,
@@ -106,14 +113,17 @@ struct BwdEpilogue {
     }
   }
 
-  template <class AccDkv>
+  // acc: the (kBlockN, kCols) accumulator of TiledMma, dV (`value`, real width Dv) or dK
+  // (real width D); columns past the real width are padding. With D == Dv both calls are one
+  // instantiation, as before Dv existed.
+  template <class TiledMma, int kCols, class Acc>
   __device__ static void store_registers(const BackwardParams& p, const SeqlenInfo& seq,
-                                         AccDkv const& acc, void* dst, const Strides& s,
+                                         Acc const& acc, void* dst, const Strides& s, bool value,
                                          int n_block, int head_kv, int tid) {
-    typename Traits::TiledMmaDkv mma;
+    TiledMma mma;
     auto thr = mma.get_thread_slice(tid);
     // (key, dim) of every element; pairs (2i, 2i + 1) are adjacent dims of one key.
-    Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kCols>>{}));
     const int n0 = n_block * kBlockN;
     const int rows = seq.seqlen_k - n0;
     Tensor r = convert_fragment<Element>(acc);
@@ -122,7 +132,7 @@ struct BwdEpilogue {
     CUTE_UNROLL
     for (int i = 0; i < size(r); i += 2) {
       const int row = get<0>(c(i)), col = get<1>(c(i));
-      if (row < rows && col < p.head_dim) {
+      if (row < rows && col < (value ? value_head_dim<Traits>(p) : p.head_dim)) {
         cutlass::Array<Element, 2> pair;
         pair[0] = r(i);
         pair[1] = r(i + 1);

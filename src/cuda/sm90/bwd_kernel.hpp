@@ -63,9 +63,11 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                             : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kConsumerThreads;
-  pp.transaction_bytes = Traits::kQStageBytes;  // one Q block, or one dO block
-  // Both constructors initialise their barriers from warp 0 and fence the initialisation.
+  // Both constructors initialise their barriers from warp 0 and fence the initialisation;
+  // each pipeline keeps its own copy of the parameters (a Q block is D wide, a dO block Dv).
+  pp.transaction_bytes = Traits::kQStageBytes;
   Pipeline pipeline_q(ss.pipeline_q, pp, Shape<_1, _1, _1>{});
+  pp.transaction_bytes = Traits::kDoStageBytes;
   Pipeline pipeline_do(ss.pipeline_do, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
@@ -83,9 +85,10 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;
-    typename Traits::TiledMmaDkv mma_dkv;
-    Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{});
-    Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{});
+    typename Traits::TiledMmaDk mma_dk;
+    typename Traits::TiledMmaDv mma_dv;
+    Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{});
+    Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{});
     clear(acc_dk);
     clear(acc_dv);
     if (has_work)

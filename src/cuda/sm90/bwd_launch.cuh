@@ -38,10 +38,11 @@ template <class Traits>
 using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplitD<Traits>,
                                          BwdMainloop<Traits>>;
 
-// The traits of the head dim's tile layout (bwd_tile_table.hpp).
-template <class Element, int kHeadDim, bool kVarlen>
-using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim).split_d,
-                                       BwdTraitsSplitD<Element, kHeadDim, kVarlen>,
+// The traits of the head dims' tile layout (bwd_tile_table.hpp); split by keys only for
+// D == Dv.
+template <class Element, int kHeadDim, int kHeadDimV, bool kVarlen>
+using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim, kHeadDimV).split_d,
+                                       BwdTraitsSplitD<Element, kHeadDim, kHeadDimV, kVarlen>,
                                        BwdTraits<Element, kHeadDim, kVarlen>>;
 
 template <class Traits>
@@ -60,12 +61,12 @@ void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
 }
 
 // Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits).
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   if (kp.p.is_varlen())
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, true>>(kp, stream);
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, true>>(kp, stream);
   else
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, false>>(kp, stream);
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, false>>(kp, stream);
 }
 
 template <class Traits>
@@ -73,11 +74,14 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimV = Traits::kHeadDimV;
   const BackwardParams& p = kp.p;
   BwdParams<Traits> params;
   params.kp = kp;
   const auto q_tile = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{};
   const auto kv_tile = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{};
+  const auto do_tile = Shape<Int<Traits::kBlockM>, Int<kHeadDimV>>{};
+  const auto v_tile = Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{};
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{},
       gmem_view(static_cast<const Element*>(p.q), tma_rows_q(p), p.head_dim, p.heads_q,
@@ -87,7 +91,7 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
       SM90_TMA_LOAD{},
       gmem_view(static_cast<const Element*>(p.dout), tma_rows_q(p), p.head_dim_v, p.heads_q,
                 tma_batches(p), p.dout_stride),
-      take<0, 2>(typename Traits::SmemLayoutDo{}), q_tile, _1{});
+      take<0, 2>(typename Traits::SmemLayoutDo{}), do_tile, _1{});
   params.tma_k = make_tma_copy(
       SM90_TMA_LOAD{},
       gmem_view(static_cast<const Element*>(p.k), tma_rows_k(p), p.head_dim, p.heads_kv,
@@ -97,7 +101,7 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
       SM90_TMA_LOAD{},
       gmem_view(static_cast<const Element*>(p.v), tma_rows_k(p), p.head_dim_v, p.heads_kv,
                 tma_batches(p), p.v_stride),
-      typename Traits::SmemLayoutV{}, kv_tile, _1{});
+      typename Traits::SmemLayoutV{}, v_tile, _1{});
   if constexpr (!Traits::kTile.split_d) {
     const auto out_tile = Shape<_64, Int<kHeadDim>>{};
     const auto stage = take<0, 2>(typename Traits::SmemLayoutQ{});

@@ -1,5 +1,6 @@
 #pragma once
-// The sm90 backward consumer mainloop split by head dim (d256; bwd_traits_split_d.hpp): one
+// The sm90 backward consumer mainloop split by head dim (d256 and the D != Dv pair 192 x 128;
+// bwd_traits_split_d.hpp; "head-dim half" below is half of D for dK and dQ, of Dv for dV): one
 // key block of 64 keys, fed by the same producer as the d64/d128 kernel (bwd_producer.hpp).
 // Per query block (64 rows), consumer warpgroup w runs
 //   S = Q K^T, dP = dO V^T on keys [32w, 32w + 32)  (issued together)
@@ -44,13 +45,13 @@ struct BwdMainloopSplitD {
   static constexpr int kHeadDim = Traits::kHeadDim;
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
-  // unscaled dK and dV of this thread's head-dim half into acc_dk, acc_dv; m_range is
-  // non-empty.
-  template <class AccDkv>
+  // unscaled dK and dV of this thread's head-dim half (of D and of Dv) into acc_dk, acc_dv;
+  // m_range is non-empty.
+  template <class AccDk, class AccDv>
   __device__ void mma(const BwdKernelParams& kp, const WindowMask& mask, int n_block,
                       int head_kv, int batch, BlockRange m_range, Pipeline& pipeline_q,
-                      Pipeline& pipeline_do, SharedStorage& ss, int tid, AccDkv& acc_dk,
-                      AccDkv& acc_dv) const {
+                      Pipeline& pipeline_do, SharedStorage& ss, int tid, AccDk& acc_dk,
+                      AccDv& acc_dv) const {
     const BackwardParams& p = kp.p;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
@@ -65,10 +66,12 @@ struct BwdMainloopSplitD {
     Tensor sdSt = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdSt{});
 
     typename Traits::TiledMmaSdP mma_sdp;
-    typename Traits::TiledMmaDkv mma_dkv;
+    typename Traits::TiledMmaDk mma_dk;
+    typename Traits::TiledMmaDv mma_dv;
     typename Traits::TiledMmaDq mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(tid);
-    auto thr_dkv = mma_dkv.get_thread_slice(tid);
+    auto thr_dk = mma_dk.get_thread_slice(tid);
+    auto thr_dv = mma_dv.get_thread_slice(tid);
     auto thr_dq = mma_dq.get_thread_slice(tid);
     // Shared-memory descriptors; the B operands of S and dP are this warpgroup's 32 keys, the
     // B operands of dV, dK and dQ its half of the head dim.
@@ -76,10 +79,10 @@ struct BwdMainloopSplitD {
     Tensor tSrK = thr_sdp.partition_fragment_B(sK);       // (1, 1, D/16)
     Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);    // (1, 1, D/16, stages)
     Tensor tdPrV = thr_sdp.partition_fragment_B(sV);      // (1, 1, D/16)
-    Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);    // (1, 1, kBlockM/16, 2)
-    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (1, 1, kBlockM/16, stages)
-    Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);  // (1, 1, kBlockM/16, 2)
-    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);    // (1, 1, kBlockM/16, stages)
+    Tensor tdVrPt = thr_dv.partition_fragment_A(sPt);    // (1, 1, kBlockM/16, 2)
+    Tensor tdVrdOt = thr_dv.partition_fragment_B(sdOt);  // (1, 1, kBlockM/16, stages)
+    Tensor tdKrdSt = thr_dk.partition_fragment_A(sdSt);  // (1, 1, kBlockM/16, 2)
+    Tensor tdKrQt = thr_dk.partition_fragment_B(sQt);    // (1, 1, kBlockM/16, stages)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (1, 1, kBlockN/16, 2)
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // (1, 1, kBlockN/16)
 
@@ -209,9 +212,9 @@ struct BwdMainloopSplitD {
         Tensor tdQrdS_s = tdQrdS(_, _, _, stage);
         wgmma<true>(mma_dq, tdQrdS_s, tdQrKt, acc_dq);
         Tensor tdVrPt_s = tdVrPt(_, _, _, stage);
-        wgmma<false>(mma_dkv, tdVrPt_s, tdVrdOt(_, _, _, stage), acc_dv);
+        wgmma<false>(mma_dv, tdVrPt_s, tdVrdOt(_, _, _, stage), acc_dv);
         Tensor tdKrdSt_s = tdKrdSt(_, _, _, stage);
-        wgmma<false>(mma_dkv, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
+        wgmma<false>(mma_dk, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
 
         warpgroup_wait<2>();  // dQ done; dV and dK still running
         warpgroup_fence_operand(acc_dq);

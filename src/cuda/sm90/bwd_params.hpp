@@ -11,7 +11,7 @@ template <class Traits>
 struct BwdParams {
   BwdKernelParams kp;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaQ tma_do;
+  typename Traits::TmaDo tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   typename Traits::TmaDkv tma_dk;  // stores (split-by-keys tiles only)

@@ -12,6 +12,7 @@
 
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/value_head_dim.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -26,14 +27,15 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
   // bound by memory latency, not by math.
   constexpr int kElemsPerChunk = 16 / sizeof(Element);
   constexpr int kThreadsPerRow = kPrepassThreads / kBlockM;  // every row in one pass
-  constexpr int kChunks = Traits::kHeadDim / kElemsPerChunk / kThreadsPerRow;
+  constexpr int kChunks = Traits::kHeadDimV / kElemsPerChunk / kThreadsPerRow;  // O, dO: Dv
   static_assert(kChunks >= 1 && kThreadsPerRow * kBlockM == kPrepassThreads);
   const BackwardParams& p = kp.p;
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const std::int64_t block = (std::int64_t(batch) * p.heads_q + head) * gridDim.x + m;
   const int part = threadIdx.x % kThreadsPerRow;
   const SeqlenInfo seq(p, batch);  // varlen: this sequence's rows of the packed tensors
-  const bool whole_chunks = p.head_dim % kElemsPerChunk == 0;  // (the common case)
+  const int dv = value_head_dim<Traits>(p);
+  const bool whole_chunks = dv % kElemsPerChunk == 0;  // (the common case)
   {
     const int r = threadIdx.x / kThreadsPerRow;
     const int i = m * kBlockM + r;
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
         for (int c = 0; c < kChunks; ++c) {
           const int d = (c * kThreadsPerRow + part) * kElemsPerChunk;
           oc[c] = gc[c] = make_uint4(0, 0, 0, 0);
-          if (d < p.head_dim) {
+          if (d < dv) {
             oc[c] = *reinterpret_cast<const uint4*>(o + d);
             gc[c] = *reinterpret_cast<const uint4*>(g + d);
           }
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
           const int d = (c * kThreadsPerRow + part) * kElemsPerChunk;
           CUTE_UNROLL
           for (int e = 0; e < kElemsPerChunk; ++e)
-            if (d + e < p.head_dim) dsum += float(o[d + e]) * float(g[d + e]);
+            if (d + e < dv) dsum += float(o[d + e]) * float(g[d + e]);
         }
       }
     }

@@ -31,6 +31,7 @@ struct BwdProducer {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
 
   // One elected thread. K and V of the key block once, then Q_i and dO_i for every
   // (query head, query block) in the consumers' order. m_range is non-empty.
@@ -66,7 +67,7 @@ struct BwdProducer {
             _, _, head_kv, int(seq.batch_k)));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(n_block, _0{}));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                       group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -85,7 +86,7 @@ struct BwdProducer {
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       Tensor gQ = local_tile(mQ(_, _, head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(_, _0{}));  // (kBlockM, kHeadDim, m)
-      Tensor gdO = local_tile(mdO(_, _, head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+      Tensor gdO = local_tile(mdO(_, _, head), Shape<Int<kBlockM>, Int<kHeadDimV>>{},
                               make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));

@@ -24,13 +24,23 @@
 // through shared memory as P and dS (bwd_traits_split_d.hpp, bwd_mainloop_split_d.hpp).
 // Shared memory: K, V 32 KB each, Q and dO 64 KB each (2 stages), P and dS 2 x 8 KB each
 // (double-buffered): 224 KB. No room for an fp32 dQ stage: dQ is added from registers.
+//
+// One row per (D, Dv) pair, as in the forward table (fwd_tile_table.hpp): rows with D != Dv
+// serve only calls with D != Dv and are built only when listed in FLASHCPP_HEAD_DIM_PAIRS.
+// 192 x 128 (MLA prefill) is split by head dim too: split by keys, dK (96) + dV (64) + S^T and
+// dP^T (32 each) would leave nothing of the 240 registers for dQ and addressing. Per consumer
+// thread: dK 48, dV 32, dQ 48, S and dP 16 each. Each warpgroup owns 96 of dK's and dQ's 192
+// columns, which is not a whole 128-byte swizzle atom (64 elements): Q and K use the 64-byte
+// swizzle there (bwd_traits_split_d.hpp). Shared memory: K 24 KB, V 16 KB, Q 48 KB, dO 32 KB
+// (2 stages), P and dS 32 KB: 153 KB.
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
 
 struct Sm90BwdTile {
-  int head_dim;  // the instantiated (padded) head dim
-  int block_m;   // query rows per main-loop iteration
+  int head_dim;    // the instantiated (padded) head dim of Q and K (dQ, dK)
+  int head_dim_v;  // the instantiated (padded) head dim of V and dO (dV)
+  int block_m;     // query rows per main-loop iteration
   int block_n;   // keys per CTA (2 consumer warpgroups x 64)
   int stages;    // depth of the Q and of the dO shared-memory ring
   bool split_d;  // consumer warpgroups split the head dim (not the keys), see above
@@ -44,22 +54,31 @@ struct Sm90BwdTile {
 };
 
 inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
-    {64, 64, 128, 2, false, true, true},
-    {128, 64, 128, 2, false},
-    {256, 64, 64, 2, true},
+    {64, 64, 64, 128, 2, false, true, true},
+    {128, 128, 64, 128, 2, false},
+    {256, 256, 64, 64, 2, true},
+    {192, 128, 64, 64, 2, true},
 };
 
-// The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
-// >= head_dim; smaller dims run zero-padded). Returns {0,...} when none is large enough.
-constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
+// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v): for
+// D == Dv the smallest D == Dv row with head_dim >= D (smaller dims run zero-padded); for
+// D != Dv the smallest D != Dv row covering both. Returns {0,...} when none covers the call.
+constexpr Sm90BwdTile sm90_bwd_tile(int head_dim, int head_dim_v) {
+  const bool pair = head_dim != head_dim_v;
+  Sm90BwdTile best{0, 0, 0, 0, 0, false};
   for (const Sm90BwdTile& t : kSm90BwdTiles)
-    if (t.head_dim >= head_dim) return t;
-  return {0, 0, 0, 0, false};
+    if ((t.head_dim != t.head_dim_v) == pair && t.head_dim >= head_dim &&
+        t.head_dim_v >= head_dim_v &&
+        (best.head_dim == 0 || t.head_dim < best.head_dim ||
+         (t.head_dim == best.head_dim && t.head_dim_v < best.head_dim_v)))
+      best = t;
+  return best;
 }
+constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) { return sm90_bwd_tile(head_dim, head_dim); }
 
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
-  const int kv_q_do = 2 * t.block_n * t.head_dim + 2 * t.stages * t.block_m * t.head_dim;
+  const int kv_q_do = (t.block_n + t.stages * t.block_m) * (t.head_dim + t.head_dim_v);
   const int stats = 2 * t.stages * t.block_m * 4;
   if (t.split_d) return (kv_q_do + 2 * 2 * t.block_m * t.block_n) * element_bytes + stats;
   const int dq_stages = t.dq_turns ? 0 : t.stages;  // BwdTraits::kDqStages
@@ -70,5 +89,6 @@ constexpr int sm90_bwd_smem_bytes(Sm90BwdTile t, int element_bytes) {
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(64), 2) <= 227 * 1024);
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(256), 2) <= 227 * 1024);
+static_assert(sm90_bwd_smem_bytes(sm90_bwd_tile(192, 128), 2) <= 227 * 1024);
 
 }  // namespace flashcpp::detail::cuda

@@ -37,6 +37,7 @@ struct BwdTraits {
   static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
   static_assert(kTile.head_dim == kHeadDim_, "head dim must be an sm90 backward tile entry");
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDim_;  // split by keys: D == Dv rows only
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -95,6 +96,8 @@ struct BwdTraits {
                            Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayoutKeys{}));
+  using TiledMmaDk = TiledMmaDkv;  // the names the shared kernel parts use
+  using TiledMmaDv = TiledMmaDkv;
   using TiledMmaDq = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kDqCols>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
@@ -142,6 +145,7 @@ struct BwdTraits {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaDo = TmaQ;
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
@@ -161,6 +165,7 @@ struct BwdTraits {
   // block and its dsum row (bulk copies of the pre-pass's blocked statistics).
   static constexpr std::uint32_t kStatsBytes = kBlockM * sizeof(float);
   static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kStatsBytes;
+  static constexpr std::uint32_t kDoStageBytes = kQStageBytes;
   static constexpr std::uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;

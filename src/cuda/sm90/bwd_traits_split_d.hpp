@@ -1,6 +1,7 @@
 #pragma once
 // Compile-time description of an sm90a backward instantiation split by head dim (split_d
-// entries of bwd_tile_table.hpp, d256): 64 keys per CTA shared by both consumer warpgroups.
+// entries of bwd_tile_table.hpp: d256, 192 x 128): 64 keys per CTA shared by both consumer
+// warpgroups.
 // The same names as BwdTraits (bwd_traits.hpp), so the producer, epilogue, launch and dq
 // post-pass serve both.
 //
@@ -9,10 +10,13 @@
 //   dP = dO V^T   (same shape)            SS
 //   P, dS -> shared memory (query, key), both warpgroups meet, then with w's head-dim half
 //   [wD/2, wD/2 + D/2):
-//   dV += P^T dO  (64 keys x D)           SS, P^T from shared memory (MN-major)
+//   dV += P^T dO  (64 keys x Dv)          SS, P^T from shared memory (MN-major)
 //   dK += dS^T Q  (64 keys x D)           SS, dS^T likewise
 //   dQ  = dS K    (64 queries x D)        SS, added to the blocked dq_accum from registers
+// D is the head dim of Q and K (dQ, dK), Dv that of V and dO (dV); dP = dO V^T runs over Dv.
+// With Dv == D (d256) every type is what it was before Dv existed.
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -27,14 +31,15 @@ using namespace cute;
 
 // kVarlen_: the instantiation for varlen calls (per-sequence rows, tails zeroed in shared
 // memory, dK and dV of a key block that reaches past its sequence stored without TMA).
-template <class Element_, int kHeadDim_, bool kVarlen_ = false>
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
 struct BwdTraitsSplitD {
   static constexpr bool kVarlen = kVarlen_;
   using Element = Element_;
-  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
-  static_assert(kTile.head_dim == kHeadDim_ && kTile.split_d,
-                "head dim must be a split_d sm90 backward tile entry");
+  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_, kHeadDimV_);
+  static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_ && kTile.split_d,
+                "head dims must be a split_d sm90 backward tile entry");
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -44,8 +49,12 @@ struct BwdTraitsSplitD {
   static_assert(kBlockN == 64 && kBlockM == 64, "64 queries x 64 keys");
   static_assert(kStages == 2, "the P / dS buffer index is the ring index");
   static constexpr int kKeysPerWg = kBlockN / kConsumerWarpgroups;  // S, dP columns
-  static constexpr int kDimsPerWg = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns
-  static_assert(kDimsPerWg % 64 == 0, "MN-major B operands span whole 128-byte swizzle atoms");
+  static constexpr int kDimsPerWg = kHeadDim / kConsumerWarpgroups;    // dK, dQ columns
+  static constexpr int kDimsPerWgV = kHeadDimV / kConsumerWarpgroups;  // dV columns
+  // MN-major B operands span whole swizzle atoms: 64 elements (128 B), or 32 (64 B) where a
+  // warpgroup's share is not a multiple of 64 (D 192: 96 columns each).
+  static_assert(kDimsPerWg % 32 == 0 && kDimsPerWgV % 32 == 0,
+                "a warpgroup's head-dim share must be whole 64-byte swizzle atoms");
   // dQ of one query block: kDqPerThread fp32 accumulators per consumer thread, added to
   // dq_accum as one contiguous block of kDqBlockFloats (bwd_dq_convert.hpp).
   static constexpr int kDqBlockFloats = kBlockM * kHeadDim;
@@ -65,9 +74,16 @@ struct BwdTraitsSplitD {
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockM>, Int<kKeysPerWg>, Int<kHeadDim>>>(),
       AtomLayoutN{}));
-  using TiledMmaDkv = decltype(make_tiled_mma(
+  // S = Q K^T runs over D and dP = dO V^T over Dv; the instruction (64 x kKeysPerWg x 16)
+  // is the same, so one TiledMma serves both.
+  using TiledMmaDk = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockN>, Int<kDimsPerWg>, Int<kBlockM>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      AtomLayoutN{}));
+  using TiledMmaDv = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN>, Int<kDimsPerWgV>, Int<kBlockM>>, GMMA::Major::MN,
                            GMMA::Major::MN>(),
       AtomLayoutN{}));
   using TiledMmaDq = decltype(make_tiled_mma(
@@ -76,18 +92,32 @@ struct BwdTraitsSplitD {
                            GMMA::Major::MN>(),
       AtomLayoutN{}));
 
-  // Q, dO, K, V: K-major 128-byte swizzle (atoms of 8 rows x 64 elements), as TMA writes them.
+  // Q, dO, K, V: K-major swizzle, as TMA writes them: 128-byte (atoms of 8 rows x 64
+  // elements), or 64-byte (8 x 32) for Q and K (D) or dO and V (Dv) where a warpgroup's share
+  // of the head dim is not a whole 128-byte atom (Q and K are read MN-major by dK and dQ with
+  // kDimsPerWg columns per warpgroup, dO by dV with kDimsPerWgV).
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  template <int kShare>
+  using SmemAtomFor = std::conditional_t<kShare % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemAtomQK = SmemAtomFor<kDimsPerWg>;
+  using SmemAtomV = SmemAtomFor<kDimsPerWgV>;
   using SmemLayoutQ =
-      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutDo = SmemLayoutQ;
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  using SmemLayoutV = SmemLayoutK;
-  // Q and dO as (D, query, stage): the MN-major B operands of dK += dS^T Q and dV += P^T dO.
+      decltype(tile_to_shape(SmemAtomQK{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutDo =
+      decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtomQK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+  // Q as (D, query, stage) and dO as (Dv, query, stage): the MN-major B operands of
+  // dK += dS^T Q and dV += P^T dO.
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
                                          Step<_2, _1, _3>{})));
-  using SmemLayoutDot = SmemLayoutQt;
+  using SmemLayoutDot = decltype(composition(
+      SmemLayoutDo{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{},
+                                          Step<_2, _1, _3>{})));
   // K as (D, key): the MN-major B operand of dQ = dS K.
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{},
@@ -111,9 +141,13 @@ struct BwdTraitsSplitD {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaDo = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                       take<0, 2>(SmemLayoutDo{}),
+                                       Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaV = TmaK;
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
+                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
   // dK and dV are stored from registers (bwd_epilogue.hpp): no shared memory is left to stage
   // them, and no descriptor is built.
   struct TmaDkv {};
@@ -122,7 +156,9 @@ struct BwdTraitsSplitD {
   // row (bwd_producer.hpp).
   static constexpr std::uint32_t kStatsBytes = kBlockM * sizeof(float);
   static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kStatsBytes;
-  static constexpr std::uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kDoStageBytes =
+      kBlockM * kHeadDimV * sizeof(Element) + kStatsBytes;
+  static constexpr std::uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;

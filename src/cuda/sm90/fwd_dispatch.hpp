@@ -3,10 +3,10 @@
 // instantiations this build has, whether a call is covered, the run-time switch that lets the
 // automatic backend pick sm90, and the kernel names reported in RunInfo.
 //
-// Not covered yet (the planner sends these to the sm80 kernels): split-KV,
-// head_dim_v != head_dim, and strides or pointers that a TMA descriptor cannot describe
-// (every stride a multiple of 16 bytes, every base pointer 16-byte aligned; varlen tensors of
-// 2^31 rows or more).
+// Not covered (the planner sends these to the sm80 kernels): strides or pointers that a TMA
+// descriptor cannot describe (every stride a multiple of 16 bytes, every base pointer 16-byte
+// aligned; varlen tensors of 2^31 rows or more). head_dim_v != head_dim runs here only, on the
+// (D, Dv) pair instantiations of FLASHCPP_HEAD_DIM_PAIRS.
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -25,22 +25,24 @@
 namespace flashcpp::detail::cuda::sm90 {
 
 // The sm90a forward kernels this build contains. The generated fwd_sm90_registry.inc holds one
-// FLASHCPP_SM90_FWD(dtype, hdim) line per instantiation (FLASHCPP_DTYPES x the head dims of
-// FLASHCPP_HEAD_DIMS that have an sm90 tile, and only when FLASHCPP_CUDA_ARCHS contains 90a);
-// each has a generated TU defining its entry point.
+// FLASHCPP_SM90_FWD(dtype, tag, hdim, hdim_v) line per instantiation (FLASHCPP_DTYPES x the
+// head dims of FLASHCPP_HEAD_DIMS that have an sm90 tile, tag = hdim = hdim_v, and x the pairs
+// of FLASHCPP_HEAD_DIM_PAIRS, tag = <hdim>x<hdim_v>; only when FLASHCPP_CUDA_ARCHS contains
+// 90a); each has a generated TU defining its entry point.
 using FwdEntry = void (*)(const FwdKernelParams&, cudaStream_t);
 
-#define FLASHCPP_SM90_FWD(dtype, hdim) \
-  void fwd_##dtype##_hdim##hdim(const FwdKernelParams& kp, cudaStream_t stream);
+#define FLASHCPP_SM90_FWD(dtype, tag, hdim, hdim_v) \
+  void fwd_##dtype##_hdim##tag(const FwdKernelParams& kp, cudaStream_t stream);
 #include "fwd_sm90_registry.inc"
 #undef FLASHCPP_SM90_FWD
 
-using FwdKernel = RegistryEntry<FwdEntry>;
+using FwdKernel = PairRegistryEntry<FwdEntry>;
 
-#define FLASHCPP_SM90_FWD(dtype, hdim) {ElementType::dtype, hdim, &fwd_##dtype##_hdim##hdim},
+#define FLASHCPP_SM90_FWD(dtype, tag, hdim, hdim_v) \
+  {ElementType::dtype, hdim, hdim_v, &fwd_##dtype##_hdim##tag},
 inline constexpr FwdKernel kFwdKernels[] = {
 #include "fwd_sm90_registry.inc"
-    kRegistrySentinel<FwdEntry>};
+    kPairRegistrySentinel<FwdEntry>};
 #undef FLASHCPP_SM90_FWD
 
 inline bool any_fwd_built() {
@@ -49,10 +51,16 @@ inline bool any_fwd_built() {
   return false;
 }
 
-// The smallest instantiation of this dtype whose head dim covers the call's (smaller head dims
-// run zero-padded: the TMA descriptors carry the real head dim and fill the rest with zeros).
+// The smallest instantiation of this dtype whose head dims cover the call's (smaller head dims
+// run zero-padded: the TMA descriptors carry the real head dims and fill the rest with zeros);
+// D != Dv calls only on the D != Dv instantiations.
 inline const FwdKernel* find_fwd_kernel(const ForwardParams& p) {
-  return smallest_covering(kFwdKernels, p.dtype, p.head_dim);
+  return smallest_covering_pair(kFwdKernels, p.dtype, p.head_dim, p.head_dim_v);
+}
+
+// The tile of an instantiation.
+inline Sm90FwdTile fwd_tile_of(const FwdKernel& k) {
+  return sm90_fwd_tile(k.head_dim, k.head_dim_v);
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
@@ -83,7 +91,7 @@ inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int head
 // True when the sm90 forward can run this call (split-KV is decided by the planner).
 inline bool fwd_covers(const ForwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || find_fwd_kernel(p) == nullptr) return false;
+  if (find_fwd_kernel(p) == nullptr) return false;
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   const int rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
   return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches) &&
@@ -93,15 +101,16 @@ inline bool fwd_covers(const ForwardParams& p) {
 }
 
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
-  const int block_m = sm90_fwd_tile(k.head_dim).block_m;
+  const int block_m = fwd_tile_of(k).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
-// RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split).
+// RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
+// "..._hdim192x128_..." for D 192, Dv 128).
 inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false) {
-  const Sm90FwdTile t = sm90_fwd_tile(k.head_dim);
+  const Sm90FwdTile t = fwd_tile_of(k);
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
-                     "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
+                     "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
                      (split ? "_splitkv" : ""));
 }

@@ -35,13 +35,13 @@ struct FwdEpilogue {
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
-  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns
 
   // (row, col) in the 128-row tile of every accumulator element this thread holds.
   __device__ static auto coords(int tid) {
     typename Traits::TiledMmaPV mma_pv;
     auto thr = mma_pv.get_thread_slice(tid);
-    Tensor cO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor cO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
     return make_tensor(cO.data(), wgmma_acc_rowcol(cO.layout()));
   }
 
@@ -105,7 +105,7 @@ struct FwdEpilogue {
     const bool leader = tid % 128 == 0;
     const NamedBarrier bar = wg == 0 ? NamedBarrier::kEpilogue0 : NamedBarrier::kEpilogue1;
     Tensor sO = make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});
-    Tensor sO_wg = sO(_, _, wg);  // (64, D): this warpgroup's half
+    Tensor sO_wg = sO(_, _, wg);  // (64, Dv): this warpgroup's half
 
     // The previous tile's store from this half must have finished reading it.
     if (leader) tma_store_wait<0>();
@@ -136,7 +136,7 @@ struct FwdEpilogue {
           params.tma_o.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.heads_q,
                                                  tma_batches(p)))(_, _, tile.head,
                                                                   int(seq.batch_q)));
-      Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, D, m)
+      Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (64, Dv, m)
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sO), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));

@@ -88,9 +88,11 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                             : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kConsumerThreads;
-  pp.transaction_bytes = Traits::kKVStageBytes;
-  // Both constructors initialise their barriers from warp 0 and fence the initialisation.
+  // Both constructors initialise their barriers from warp 0 and fence the initialisation;
+  // each pipeline keeps its own copy of the parameters (a K stage is D wide, a V stage Dv).
+  pp.transaction_bytes = Traits::kKStageBytes;
   Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
+  pp.transaction_bytes = Traits::kVStageBytes;
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       const Work w(kp, slot);
       if (!w.valid) continue;
       typename Traits::TiledMmaPV mma_pv;
-      Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
+      Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
       clear(acc_o);
       constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
       Softmax<kRows> softmax;

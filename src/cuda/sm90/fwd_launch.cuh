@@ -27,6 +27,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimV = Traits::kHeadDimV;
   using Scheduler = PersistentTileScheduler<Traits::kBlockM, Traits::kVarlen, kSplit>;
   const ForwardParams& p = kp.p;
   FwdParams<Traits> params;
@@ -43,7 +44,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
       _1{});
   params.tma_v = make_tma_copy(
       SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
-      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
       _1{});
 
   if constexpr (Traits::kTmaStoreO)
@@ -51,7 +52,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
         SM90_TMA_STORE{},
         gmem_view(static_cast<Element*>(p.out), tma_rows_q(p), p.head_dim_v, p.heads_q,
                   tma_batches(p), p.out_stride),
-        typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDim>>{}, _1{});
+        typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{});
 
   if (kp.tile_counter != nullptr)
     FLASHCPP_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
@@ -80,18 +81,18 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
 // split-KV calls (kSplit: the epilogue writes partials for the combine).
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const bool split = kp.num_splits > 1;
   if (kp.p.is_varlen()) {
     if (split)
-      launch_fwd<FwdTraits<Element, kHeadDim, true>, true>(kp, stream);
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, true>(kp, stream);
     else
-      launch_fwd<FwdTraits<Element, kHeadDim, true>, false>(kp, stream);
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
   } else if (split) {
-    launch_fwd<FwdTraits<Element, kHeadDim, false>, true>(kp, stream);
+    launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
   } else {
-    launch_fwd<FwdTraits<Element, kHeadDim, false>, false>(kp, stream);
+    launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
   }
 }
 

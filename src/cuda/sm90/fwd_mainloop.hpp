@@ -57,6 +57,7 @@ struct FwdMainloop {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
 
   // Producer: one elected thread. K_n, Q, V_n, then K_n and V_n for n = end-2 down to begin.
   // `work` counts the tiles with work this CTA has loaded before (the Q barriers' phase);
@@ -88,7 +89,7 @@ struct FwdMainloop {
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
 
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));

@@ -12,8 +12,8 @@ template <class Traits>
 struct FwdParams {
   FwdKernelParams kp;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaKV tma_k;
-  typename Traits::TmaKV tma_v;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
   typename Traits::TmaO tma_o;
 };
 

@@ -9,44 +9,59 @@
 //    block (kBlockN/4 registers, live at the same time as S with the intra-warpgroup overlap)
 //    and O (D/2 floats per thread).
 // d256 at 128 x 80 with 2 stages uses 224 KB (FA3's choice for the same reason).
+//
+// One row per (D, Dv) pair: Q and K tiles are D wide, V and O tiles Dv wide. Rows with
+// D == Dv serve every call with D == Dv (zero-padded up to the row); rows with D != Dv
+// (DeepSeek-style MLA prefill: D 192 = 128 + 64 rope dims, Dv 128) serve only calls with
+// D != Dv, and are built only when listed in FLASHCPP_HEAD_DIM_PAIRS ("192x128").
+// 192 x 128 at 128 x 128 with 2 stages: Q 48 KB + K 96 KB + V 64 KB = 208 KB, so O is stored
+// from registers (no room for a 32 KB O buffer); S 64 + P 32 + O 64 registers per consumer
+// thread, as at d128; no ping-pong (the products of D = 192 dominate, as at d256). These are
+// FA3's hdim 192 / hdimv 128 choices too (128 x 128, P from registers, intra-warpgroup
+// overlap, no warp-scheduler barrier above hdim 128).
 // Host constexpr only: device code reads it at compile time.
 
 namespace flashcpp::detail::cuda {
 
 struct Sm90FwdTile {
-  int head_dim;  // the instantiated (padded) head dim
+  int head_dim;    // the instantiated (padded) head dim of Q and K
+  int head_dim_v;  // the instantiated (padded) head dim of V and O
   int block_m;   // query rows per CTA (2 consumer warpgroups x 64)
   int block_n;   // keys per main-loop iteration
   int stages;    // depth of the K and of the V shared-memory ring
 };
 
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
-    {64, 128, 128, 2},
-    {128, 128, 128, 2},
-    {256, 128, 80, 2},
+    {64, 64, 128, 128, 2},
+    {128, 128, 128, 128, 2},
+    {256, 256, 128, 80, 2},
+    {192, 128, 128, 128, 2},
 };
 
-// The tile of the instantiation that serves `head_dim` (the smallest instantiated head dim
-// >= head_dim; smaller dims run zero-padded: TMA fills the missing columns with zeros).
-// Returns {0,...} when none is large enough.
-constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
+// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v): for
+// D == Dv the smallest D == Dv row with head_dim >= D (smaller dims run zero-padded: TMA fills
+// the missing columns with zeros); for D != Dv the smallest D != Dv row covering both (same
+// padding). Returns {0,...} when none covers the call.
+constexpr Sm90FwdTile sm90_fwd_tile(int head_dim, int head_dim_v) {
+  const bool pair = head_dim != head_dim_v;
+  Sm90FwdTile best{0, 0, 0, 0, 0};
   for (const Sm90FwdTile& t : kSm90FwdTiles)
-    if (t.head_dim >= head_dim) return t;
-  return {0, 0, 0, 0};
+    if ((t.head_dim != t.head_dim_v) == pair && t.head_dim >= head_dim &&
+        t.head_dim_v >= head_dim_v &&
+        (best.head_dim == 0 || t.head_dim < best.head_dim ||
+         (t.head_dim == best.head_dim && t.head_dim_v < best.head_dim_v)))
+      best = t;
+  return best;
 }
-
-// True when `head_dim` is itself an entry of the table (the head dims that get a TU).
-constexpr bool sm90_fwd_has_tile(int head_dim) {
-  for (const Sm90FwdTile& t : kSm90FwdTiles)
-    if (t.head_dim == head_dim) return true;
-  return false;
-}
+constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_dim, head_dim); }
 
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
-  return (t.block_m + 2 * t.stages * t.block_n) * t.head_dim * element_bytes;
+  return (t.block_m * t.head_dim + t.stages * t.block_n * (t.head_dim + t.head_dim_v)) *
+         element_bytes;
 }
 
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 
 }  // namespace flashcpp::detail::cuda

@@ -17,16 +17,22 @@ namespace flashcpp::detail::cuda::sm90 {
 
 using namespace cute;
 
+// kHeadDim_ is the head dim of Q and K, kHeadDimV_ that of V and O (a tile table row each;
+// D == Dv for all but the pair rows such as 192 x 128). The QK^T product and the Q, K tiles use
+// D; the PV product, the V tiles, the O accumulator and the O epilogue use Dv. With
+// kHeadDimV_ == kHeadDim_ every type below is what it was before Dv existed.
 // kVarlen_: the instantiation for varlen calls (per-sequence rows and tiles, the dynamic tile
 // deal, V tails zeroed, TMA stores only inside a sequence). Padded calls run the other one,
 // which carries none of that code: in one kernel it cost 3-17% at d64 and d128.
-template <class Element_, int kHeadDim_, bool kVarlen_ = false>
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr bool kVarlen = kVarlen_;
-  static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim_);
-  static_assert(kTile.head_dim == kHeadDim_, "head dim must be an sm90 tile table entry");
+  static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim_, kHeadDimV_);
+  static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
+                "head dims must be an sm90 tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -34,7 +40,8 @@ struct FwdTraits {
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
   static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
-  static_assert(kHeadDim % 64 == 0, "rows of 64 elements (128 B) for the 128-byte swizzle");
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
+                "rows of 64 elements (128 B) for the 128-byte swizzle");
   static_assert(kBlockN % 16 == 0, "kBlockN is the k extent of O += P V");
 
   // Consumer warpgroups take turns issuing their GEMMs (fwd_mainloop.hpp) where the softmax is
@@ -51,7 +58,7 @@ struct FwdTraits {
   static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <= (kThreads / 128) * 168);
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
-  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // O = P V
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O = P V
   // One 64-row wgmma atom per consumer warpgroup, stacked along M.
   using AtomLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
   // S = Q K^T: both operands from shared memory (Q stays there: register bandwidth, not
@@ -69,10 +76,11 @@ struct FwdTraits {
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK =
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutV = SmemLayoutK;
-  // V viewed as (D, kBlockN, stage): the B operand of O += P V (no data movement).
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // V viewed as (Dv, kBlockN, stage): the B operand of O += P V (no data movement).
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
                                          Step<_2, _1, _3>{})));
 
   // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
@@ -83,25 +91,30 @@ struct FwdTraits {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                       take<0, 2>(SmemLayoutK{}),
-                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                      take<0, 2>(SmemLayoutK{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                      take<0, 2>(SmemLayoutV{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
 
-  // Epilogue: each consumer warpgroup writes its 64 x D half of O into shared memory and one
+  // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
   // dim are clipped by the descriptor's extents). O needs its own buffer: Q is reloaded for
-  // the next tile and the K/V ring keeps streaming while the epilogue runs. At d256 the ring
-  // already takes 224 KB, so O is stored from registers there.
-  using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
+  // the next tile and the K/V ring keeps streaming while the epilogue runs. At d256 (224 KB)
+  // and 192 x 128 (208 KB) the ring leaves no room, so O is stored from registers there.
+  using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDimV>>{}));
   using SmemLayoutO = decltype(tile_to_shape(
-      SmemAtom{}, Shape<_64, Int<kHeadDim>, Int<kConsumerWarpgroups>>{}));
+      SmemAtom{}, Shape<_64, Int<kHeadDimV>, Int<kConsumerWarpgroups>>{}));
   using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
                                            GmemShape{}, GmemStride{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOHalf{},
-                                      Shape<_64, Int<kHeadDim>>{}, _1{}));
+                                      Shape<_64, Int<kHeadDimV>>{}, _1{}));
 
   static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr std::uint32_t kKVStageBytes = kBlockN * kHeadDim * sizeof(Element);
+  // One stage of the K ring and of the V ring (their transaction byte counts).
+  static constexpr std::uint32_t kKStageBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -109,8 +122,7 @@ struct FwdTraits {
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(Element));
   static constexpr bool kTmaStoreO =
-      (kBlockM + 2 * kStages * kBlockN) * kHeadDim * int(sizeof(Element)) + kOBytes + 1024 <=
-      kSmemLimit;
+      sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit;
 
   struct NoSmemO {};
   struct SmemO {
