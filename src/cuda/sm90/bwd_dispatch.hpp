@@ -3,7 +3,7 @@
 // instantiations this build has, whether a call is covered, and the kernel names reported in
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
-// Not covered (the planner sends these to the sm80 backward): deterministic, Nq = 0,
+// Not covered (the planner sends these to the sm80 backward): Nq = 0,
 // head_dim_v != head_dim, head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
 // base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
@@ -52,7 +52,7 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
 // True when the sm90 backward main kernel can run this call.
 inline bool bwd_covers(const BackwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.head_dim_v != p.head_dim || p.deterministic) return false;
+  if (p.head_dim_v != p.head_dim) return false;
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
   // dk, dv.
@@ -76,12 +76,35 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
   return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
 }
 
-// RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws".
-inline const char* bwd_kernel_name(const BwdKernel& k) {
+// How many (kv head, batch) pairs the deterministic kernel's tickets interleave
+// (ordered_key_block_tile, bwd_tile_scheduler.hpp). Without a mask a key block reaches each
+// query block about one block after the key block above it (the turn, bwd_dq_order.hpp, plus
+// the reduction's completion); CTAs start about sm_count per CTA duration, a CTA walking
+// group x query blocks. Spacing the key blocks of one pair by kDeterministicLagBlocks blocks'
+// worth of tickets lets each start when the one above has that head start, rather than
+// waiting for it; long sequences give that spacing with one pair (group 1, the default
+// kernel's order), short ones interleave a few, whose Q and dO (about kDeterministicLagBlocks
+// x sm_count query blocks) still fit in L2.
+inline constexpr int kDeterministicLagBlocks = 2;
+inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count) {
+  const std::int64_t block_m = sm90_bwd_tile(k.head_dim).block_m;
+  const std::int64_t walk =
+      std::int64_t(p.heads_q / p.heads_kv) * ((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
+  const std::int64_t pairs = std::int64_t(p.heads_kv) * p.batch;
+  if (walk <= 0 || pairs <= 1) return 1;
+  std::int64_t group = (std::int64_t(kDeterministicLagBlocks) * sm_count + walk - 1) / walk;
+  if (group < 1) group = 1;
+  return int(group < pairs ? group : pairs);
+}
+
+// RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws" or, deterministic,
+// "sm90_bwd_bf16_hdim128_64x128_s2_ws_deterministic".
+inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic) {
   const Sm90BwdTile t = sm90_bwd_tile(k.head_dim);
   return intern_name(std::string("sm90_bwd_") + dtype_name(k.dtype) +
                      "_hdim" + std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) +
-                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
+                     (deterministic ? "_deterministic" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

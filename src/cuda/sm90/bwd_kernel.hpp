@@ -1,7 +1,7 @@
 #pragma once
 // The sm90a backward main kernel, composed from parts given as template parameters:
-//   Scheduler  which (key block, kv head, batch) this CTA owns: static tile(kp, blockIdx.x)
-//              (bwd_tile_scheduler.hpp);
+//   Scheduler  which (key block, kv head, batch) this CTA owns: static tile(kp, blockIdx.x),
+//              or of a ticket the CTA takes (deterministic, bwd_tile_scheduler.hpp);
 //   Producer   the TMA loads of K, V and the Q / dO ring: load(...) (bwd_producer.hpp);
 //   Mainloop   the consumers' products over the query blocks: mma(...) (bwd_mainloop.hpp,
 //              or bwd_mainloop_split_d.hpp for split_d tiles); its Traits fix the tile;
@@ -40,7 +40,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   const BwdKernelParams& kp = params.kp;
   const BackwardParams& p = kp.p;
 
-  const BwdTileCoord tile = Scheduler::tile(kp, blockIdx.x);
+  unsigned block = blockIdx.x;
+  // The ticket passes through the first statistics stage, which the producer fills only after
+  // the __syncthreads that follows the pipelines' set-up below.
+  if constexpr (Scheduler::kTicketed)
+    block = Scheduler::take_ticket(kp, reinterpret_cast<unsigned*>(&ss.lse_log2[0][0]));
+  const BwdTileCoord tile = Scheduler::tile(kp, block);
   const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
   const SeqlenInfo seq = Traits::kVarlen ? SeqlenInfo(p, batch) : SeqlenInfo::padded(p, batch);
   // Varlen grids are sized by the longest key sequence: a key block past this sequence's end

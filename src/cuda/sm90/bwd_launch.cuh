@@ -1,6 +1,6 @@
 #pragma once
 // Host side of one sm90a backward: the pre-pass (bwd_prepass.hpp: dsum, lse_log2, zeroed
-// dq_accum), the main kernel (TMA descriptors of Q, dO, K, V, grid, shared-memory opt-in,
+// dq_accum; deterministic: zeroed dq counters), the main kernel (TMA descriptors of Q, dO, K, V, grid, shared-memory opt-in,
 // launch) and the dq post-pass (bwd_dq_convert.hpp), all on the blocked workspace layouts.
 // Included only by the generated per-instantiation translation units (compiled for sm_90a
 // alone).
@@ -39,10 +39,11 @@ using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplit
                                          BwdMainloop<Traits>>;
 
 // The traits of the head dim's tile layout (bwd_tile_table.hpp).
-template <class Element, int kHeadDim, bool kVarlen>
-using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim).split_d,
-                                       BwdTraitsSplitD<Element, kHeadDim, kVarlen>,
-                                       BwdTraits<Element, kHeadDim, kVarlen>>;
+template <class Element, int kHeadDim, bool kVarlen, bool kDeterministic>
+using BwdTraitsOf =
+    std::conditional_t<sm90_bwd_tile(kHeadDim).split_d,
+                       BwdTraitsSplitD<Element, kHeadDim, kVarlen, kDeterministic>,
+                       BwdTraits<Element, kHeadDim, kVarlen, kDeterministic>>;
 
 template <class Traits>
 void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
@@ -59,13 +60,22 @@ void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 
-// Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits).
+// Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits), and
+// so do deterministic ones (kDeterministic).
 template <class Element, int kHeadDim>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
-  if (kp.p.is_varlen())
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, true>>(kp, stream);
-  else
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, false>>(kp, stream);
+  if (kp.p.deterministic) {
+    if (kp.dq_semaphore == nullptr || kp.tile_ticket == nullptr || kp.ticket_head_group < 1)
+      throw Error("cuda sm90 backward: deterministic call without its dq counters");
+    if (kp.p.is_varlen())
+      run_bwd_passes<BwdTraitsOf<Element, kHeadDim, true, true>>(kp, stream);
+    else
+      run_bwd_passes<BwdTraitsOf<Element, kHeadDim, false, true>>(kp, stream);
+  } else if (kp.p.is_varlen()) {
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, true, false>>(kp, stream);
+  } else {
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, false, false>>(kp, stream);
+  }
 }
 
 template <class Traits>
@@ -113,7 +123,9 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
         stage, out_tile, _1{});
   }
 
-  using Scheduler = KeyBlockScheduler;
+  // Deterministic: tiles in ticket order, the order dQ is added in (bwd_dq_order.hpp).
+  using Scheduler = std::conditional_t<Traits::kDeterministic, OrderedKeyBlockScheduler,
+                                       KeyBlockScheduler>;
   const auto kernel = &bwd_kernel<BwdProducer<Traits>, BwdMainloopOf<Traits>, BwdEpilogue<Traits>,
                                   Scheduler>;
   constexpr int smem = Traits::kSmemBytes;

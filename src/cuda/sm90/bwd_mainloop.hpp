@@ -15,6 +15,12 @@
 //   a bulk reduction after the next meeting; d64, float4 reductions from the registers of the
 //   warpgroup whose turn it is (see bwd_traits.hpp, kDqAlternate)
 // dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
+// Deterministic (Traits::kDeterministic, bwd_dq_order.hpp): each block's dQ is added when this
+// key block's turn for it has come. d128: thread 0 waits for the turn before it issues the bulk
+// reduction and arrives once the reduction has completed, which it checks one block later
+// (before the next meeting) so that nothing waits on the copy engine in between. d64: each warp
+// of the warpgroup on dQ duty waits before its float4 reductions and arrives during the next
+// block, when they have long completed.
 //
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
 // matches; a key block that no query sees is skipped by both before any barrier is touched.
@@ -31,6 +37,7 @@
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bulk_reduce.hpp"
+#include "cuda/sm90/bwd_dq_order.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
@@ -114,6 +121,26 @@ struct BwdMainloop {
     // kStages x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
     // instead of two pointers: the loop runs at the register limit.
     int pending = -1;
+    // Deterministic (bwd_dq_order.hpp), dq blocks named head * num_m_blocks + m: the arrival
+    // counter of a block and this key block's turn there.
+    constexpr bool kDeterministic = Traits::kDeterministic;
+    constexpr int kArrivals = Traits::kDqAlternate ? Traits::kDqThreads / 32 : 1;
+    auto dq_counter = [&](int block) {
+      return kp.dq_semaphore + (std::int64_t(batch) * p.heads_q * num_m_blocks + block);
+    };
+    auto dq_turn = [&](int block) {
+      return dq_add_rank(mask, block % num_m_blocks, kBlockM, n_block, kBlockN) * kArrivals;
+    };
+    // d64: the block whose reductions this warp has yet to announce.
+    int owed = -1;
+    // d128: the bulk reduction in flight is that of the block walked before the pending one
+    // (derived rather than kept: the loop runs at the register limit), none when the pending
+    // block is the first.
+    auto reduction_in_flight = [&] {
+      const int block = pending / Traits::kStages, m = block % num_m_blocks;
+      if (block == head_kv * (p.heads_q / p.heads_kv) * num_m_blocks + m_range.begin) return -1;
+      return m > m_range.begin ? block - 1 : block - num_m_blocks + m_range.end - 1 - m;
+    };
     auto reduce_pending = [&] {
       const int block = pending / Traits::kStages;
       bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, block / num_m_blocks,
@@ -299,6 +326,10 @@ struct BwdMainloop {
             float4* dq = reinterpret_cast<float4*>(kp.dq_accum + dq_block_offset<Traits>(
                                                                      p, batch, head, m, num_m_blocks)) +
                          dq_tid;
+            if constexpr (kDeterministic) {
+              owed = head * num_m_blocks + m;
+              dq_wait_turn(dq_counter(owed), dq_turn(owed));
+            }
             CUTE_UNROLL
             for (int v = 0; v < kDqVecs; ++v)
               atomicAdd(dq + v * Traits::kDqThreads,
@@ -308,6 +339,10 @@ struct BwdMainloop {
             named_barrier_arrive(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
             warpgroup_wait<0>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
+            if constexpr (kDeterministic) {
+              if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the last turn's reductions
+              owed = -1;
+            }
           }
         } else {
           // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
@@ -315,9 +350,29 @@ struct BwdMainloop {
           // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
           // the stage before it (which this block's dQ will overwrite) has been read, and after
           // the barrier hands the previous one to the copy engine.
-          if (tid == 0) tma_store_wait<0>();
+          if (tid == 0) {
+            if constexpr (kDeterministic) {
+              // Deterministic: the reduction completed, not only read, and announced.
+              if (pending >= 0) {
+                const int in_flight = reduction_in_flight();
+                if (in_flight >= 0) {
+                  bulk_wait_all();
+                  dq_arrive_after_bulk(dq_counter(in_flight));
+                }
+              }
+            } else {
+              tma_store_wait<0>();
+            }
+          }
           named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
-          if (tid == 0 && pending >= 0) reduce_pending();
+          if (tid == 0 && pending >= 0) {
+            if constexpr (kDeterministic) {
+              const int block = pending / Traits::kStages;
+              dq_wait_turn(dq_counter(block), dq_turn(block));
+              dq_fence_to_async_proxy();
+            }
+            reduce_pending();
+          }
           Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
           Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
           wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
@@ -346,9 +401,22 @@ struct BwdMainloop {
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
       if (tid == 0) {
+        const int block = pending / Traits::kStages;
+        if constexpr (kDeterministic) {
+          const int in_flight = reduction_in_flight();
+          if (in_flight >= 0) {
+            bulk_wait_all();
+            dq_arrive_after_bulk(dq_counter(in_flight));
+          }
+          dq_wait_turn(dq_counter(block), dq_turn(block));
+          dq_fence_to_async_proxy();
+        }
         reduce_pending();
         bulk_wait_all();
+        if constexpr (kDeterministic) dq_arrive_after_bulk(dq_counter(block));
       }
+    } else if constexpr (kDeterministic) {
+      if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // this warp's last turn
     }
   }
 };
