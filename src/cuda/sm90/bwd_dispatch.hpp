@@ -18,6 +18,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/sm90/bwd_tile_scheduler.hpp"
 #include "cuda/sm90/bwd_tile_table.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 
@@ -76,25 +77,11 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
   return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
 }
 
-// How many (kv head, batch) pairs the deterministic kernel's tickets interleave
-// (ordered_key_block_tile, bwd_tile_scheduler.hpp). Without a mask a key block reaches each
-// query block about one block after the key block above it (the turn, bwd_dq_order.hpp, plus
-// the reduction's completion); CTAs start about sm_count per CTA duration, a CTA walking
-// group x query blocks. Spacing the key blocks of one pair by kDeterministicLagBlocks blocks'
-// worth of tickets lets each start when the one above has that head start, rather than
-// waiting for it; long sequences give that spacing with one pair (group 1, the default
-// kernel's order), short ones interleave a few, whose Q and dO (about kDeterministicLagBlocks
-// x sm_count query blocks) still fit in L2.
-inline constexpr int kDeterministicLagBlocks = 2;
+// The (kv head, batch) pairs the deterministic kernel's tickets interleave
+// (bwd_tile_scheduler.hpp).
 inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count) {
-  const std::int64_t block_m = sm90_bwd_tile(k.head_dim).block_m;
-  const std::int64_t walk =
-      std::int64_t(p.heads_q / p.heads_kv) * ((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
-  const std::int64_t pairs = std::int64_t(p.heads_kv) * p.batch;
-  if (walk <= 0 || pairs <= 1) return 1;
-  std::int64_t group = (std::int64_t(kDeterministicLagBlocks) * sm_count + walk - 1) / walk;
-  if (group < 1) group = 1;
-  return int(group < pairs ? group : pairs);
+  return ticket_head_group(p.heads_q, p.heads_kv, p.batch, p.seqlen_q,
+                           sm90_bwd_tile(k.head_dim).block_m, sm_count);
 }
 
 // RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws" or, deterministic,

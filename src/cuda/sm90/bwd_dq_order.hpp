@@ -62,10 +62,10 @@ __device__ __forceinline__ void dq_fence_to_async_proxy() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// One arrival on `counter`, made by one thread after its own (and, through a preceding warp
-// or named barrier, the other adders') writes: the fence orders them before the increment.
+// One arrival on `counter`, made by one thread after its own writes (and, through a preceding
+// warp barrier, the other lanes'): the fence and the release order them before the increment.
 __device__ __forceinline__ void dq_arrive(int* counter) {
-  __threadfence();
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
@@ -79,7 +79,7 @@ __device__ __forceinline__ void dq_arrive_after_bulk(int* counter) {
 // A warp's float4 additions into dq_accum are done (every lane): each lane fences its own
 // atomics, the warp meets, lane 0 arrives.
 __device__ __forceinline__ void dq_warp_arrive(int* counter) {
-  __threadfence();
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   __syncwarp();
   if ((threadIdx.x & 31) == 0) dq_arrive(counter);
 }

@@ -26,8 +26,9 @@ struct BwdTileCoord {
 // a group the key blocks from the last down, each for every pair of the group before the next.
 // A key block therefore follows the one above it in its own pair (which it waits for) by a
 // group's worth of tickets: the host picks the group so that this spacing covers the time one
-// key block trails the other without a mask (bwd_ticket_head_group, bwd_dispatch.hpp), while a
-// group's Q and dO stay few enough for L2. Tickets < num_n_blocks * heads_kv * batch.
+// key block trails the other without a mask, while a group's Q and dO stay few enough for L2
+// (ticket_head_group below). Tickets <
+// num_n_blocks * heads_kv * batch.
 FLASHCPP_HOST_DEVICE BwdTileCoord ordered_key_block_tile(int num_n_blocks, int heads_kv,
                                                          int batch, int group,
                                                          unsigned ticket) {
@@ -43,6 +44,25 @@ FLASHCPP_HOST_DEVICE BwdTileCoord ordered_key_block_tile(int num_n_blocks, int h
   t.head_kv = int(pair % unsigned(heads_kv));
   t.batch = int(pair / unsigned(heads_kv));
   return t;
+}
+
+// The group of ordered_key_block_tile for a call. Without a mask a key block reaches each query
+// block about one block after the key block above it (its turn, bwd_dq_order.hpp, plus the
+// reduction's completion), and CTAs start at about sm_count per CTA duration, a CTA walking
+// (Hq / Hkv) x query blocks. Spacing the key blocks of a pair by kTicketLagBlocks blocks'
+// worth of tickets lets each start when the one above already has that head start, instead of
+// waiting for it. Long sequences give that spacing with one pair (group 1: the default
+// kernel's order); short ones interleave a few pairs, whose Q and dO (about kTicketLagBlocks x
+// sm_count query blocks) still fit in L2.
+inline constexpr int kTicketLagBlocks = 2;
+inline int ticket_head_group(int heads_q, int heads_kv, int batch, int seqlen_q, int block_m,
+                             int sm_count) {
+  const std::int64_t walk =
+      std::int64_t(heads_q / heads_kv) * ((std::int64_t(seqlen_q) + block_m - 1) / block_m);
+  const std::int64_t pairs = std::int64_t(heads_kv) * batch;
+  if (walk <= 0 || pairs <= 1) return 1;
+  const std::int64_t group = (std::int64_t(kTicketLagBlocks) * sm_count + walk - 1) / walk;
+  return int(group < 1 ? 1 : group < pairs ? group : pairs);
 }
 
 #if defined(__CUDACC__)
