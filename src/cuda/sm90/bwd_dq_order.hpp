@@ -9,9 +9,9 @@
 // by the pre-pass) counts the arrivals so far; an adder waits until the count says that every
 // key block before it in the order has added and its additions are visible, adds, and arrives.
 // An adder is a warp (float4 atomics from registers, d64 and d256: kArrivals warps per key
-// block, each owning fixed float4s of the block) or the one thread that issues the bulk
-// reduction (d128, one arrival), so a key block's rank r has arrived when the count is at
-// least r * kArrivals.
+// block, each owning fixed float4s of the block) or the dQ writer thread that issues the bulk
+// reductions (d128, one arrival), so the key blocks before rank r have all added when the
+// count is at least r * kArrivals.
 //
 // Why last block first: with causal and window masks key block n + 1 starts its walk over
 // the query blocks further down than key block n does (its first query block is later), so by
@@ -48,13 +48,32 @@ __device__ __forceinline__ int dq_add_rank(const WindowMask& mask, int m, int bl
   return mask.n_blocks(m, block_m, block_n).end - 1 - n_block;
 }
 
+__device__ __forceinline__ int dq_load_acquire(const int* counter) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  return seen;
+}
+
+__device__ __forceinline__ std::uint64_t dq_global_ns() {
+  std::uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+// A turn that has not come after this long means the order is broken (a key block that never
+// adds): the kernel traps (the call fails with a launch error) instead of hanging the GPU.
+// Real waits last a few key blocks' work, microseconds to milliseconds.
+inline constexpr std::uint64_t kDqTurnTimeoutNs = 60ull * 1000 * 1000 * 1000;
+
 // Waits until `counter` is at least `target` (every lane of the calling warp spins: each gets
 // its own acquire). Global writes that the arrivals made visible are then visible here.
 __device__ __forceinline__ void dq_wait_turn(const int* counter, int target) {
-  int seen;
+  if (dq_load_acquire(counter) >= target) return;
+  const std::uint64_t start = dq_global_ns();
   do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-  } while (seen < target);
+    __nanosleep(64);  // fewer loads on the line the other CTAs arrive on
+    if (dq_global_ns() - start > kDqTurnTimeoutNs) __trap();
+  } while (dq_load_acquire(counter) < target);
 }
 
 // After the wait, before a bulk reduction (async proxy) of the same memory.

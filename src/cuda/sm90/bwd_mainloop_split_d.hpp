@@ -46,6 +46,7 @@ struct BwdMainloopSplitD {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr bool kDqWriter = false;  // no dQ stages: dQ is added from registers
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's head-dim half into acc_dk, acc_dv; m_range is

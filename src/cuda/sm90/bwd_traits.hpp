@@ -182,6 +182,11 @@ struct BwdTraits {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+    // Deterministic d128 only: the dQ stages' full and empty barriers between the consumers
+    // and the dQ writer thread (bwd_mainloop.hpp). Unused otherwise; they sit in the tail
+    // padding of the 1024-byte alignment, so the storage's size does not change.
+    alignas(8) std::uint64_t dq_full[kStages];
+    alignas(8) std::uint64_t dq_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
