@@ -1,9 +1,10 @@
 // The backward workspace size (src/cuda/bwd_workspace.hpp): the sm80 layout's plain rows,
 // the sm90 layout's whole 64-row query blocks of the padded head dim, and the larger of the two
 // when this build has an sm90 backward for the head dim; with an sm90 backward also the
-// deterministic kernel's counters (4 ints of tickets, one int per query block and head). Expectations are written out by hand
-// (not by the same formula), so a wrong factor or rounding fails. Host code only: the header
-// pulls in no CUDA, so this runs in the CPU build too.
+// deterministic kernel's counters (4 ints of tickets, one int per query block and head).
+// Expectations are written out by hand (not by the same formula), so a wrong factor or
+// rounding fails. Host code only: the header pulls in no CUDA, so this runs in the CPU build
+// too.
 #include <gtest/gtest.h>
 
 #include <cstdint>

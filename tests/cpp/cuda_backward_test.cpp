@@ -188,7 +188,7 @@ TEST_P(CudaBackward, WorkspaceTooSmallThrows) {
     }
 }
 
-// ---- deterministic -------------------------------------------------------------------------------
+// ---- deterministic ------------------------------------------------------------------------------
 
 // deterministic = true: five runs give the same bits and the right gradients, and RunInfo names
 // a "_deterministic" kernel of the backend under test. sm80: dQ from the dq kernel (no
@@ -304,7 +304,7 @@ TEST_P(CudaBackwardSm90, DeterministicUnderLoad) {
   }
 }
 
-// ---- varlen, sm80 head dims beyond 128 -----------------------------------------------------------
+// ---- varlen, sm80 head dims beyond 128 ----------------------------------------------------------
 
 // Varlen (cu_seqlens): sequences of different lengths, one with no queries (its keys get
 // dk = dv = 0) and one with no keys (its queries get dq = 0), sequences spanning several key

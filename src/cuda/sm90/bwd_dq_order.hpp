@@ -18,7 +18,8 @@
 // the time key block n reaches a query block, n + 1 has usually added to it already; in the
 // other order each CTA would wait for its neighbour's whole head start. Without a mask every
 // key block meets every query block and either order makes consecutive key blocks of one head
-// trail each other by one query block; the tickets below space them out instead.
+// trail each other by one query block; the ticket order (bwd_tile_scheduler.hpp) starts them
+// that far apart instead.
 //
 // No deadlock: a CTA waits only for key blocks above its own in the same (kv head, batch),
 // and the deterministic kernel's CTAs take their tiles from a ticket counter
@@ -36,12 +37,6 @@
 
 namespace flashcpp::detail::cuda::sm90 {
 
-// Index of query block m of (batch, head) in dq_semaphore: that of its dq_accum block.
-__device__ __forceinline__ std::int64_t dq_semaphore_index(int heads_q, int batch, int head,
-                                                           int m, int num_m_blocks) {
-  return (std::int64_t(batch) * heads_q + head) * num_m_blocks + m;
-}
-
 // How many key blocks add to query block m before key block n_block (which meets m).
 __device__ __forceinline__ int dq_add_rank(const WindowMask& mask, int m, int block_m,
                                            int n_block, int block_n) {
@@ -54,26 +49,24 @@ __device__ __forceinline__ int dq_load_acquire(const int* counter) {
   return seen;
 }
 
-__device__ __forceinline__ std::uint64_t dq_global_ns() {
-  std::uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
-
-// A turn that has not come after this long means the order is broken (a key block that never
-// adds): the kernel traps (the call fails with a launch error) instead of hanging the GPU.
-// Real waits last a few key blocks' work, microseconds to milliseconds.
-inline constexpr std::uint64_t kDqTurnTimeoutNs = 60ull * 1000 * 1000 * 1000;
-
 // Waits until `counter` is at least `target` (every lane of the calling warp spins: each gets
 // its own acquire). Global writes that the arrivals made visible are then visible here.
 __device__ __forceinline__ void dq_wait_turn(const int* counter, int target) {
-  if (dq_load_acquire(counter) >= target) return;
-  const std::uint64_t start = dq_global_ns();
-  do {
+  while (dq_load_acquire(counter) < target)
     __nanosleep(64);  // fewer loads on the line the other CTAs arrive on
-    if (dq_global_ns() - start > kDqTurnTimeoutNs) __trap();
-  } while (dq_load_acquire(counter) < target);
+}
+
+// dq_wait_turn that gives up after kDqTurnSpinLimit polls (each a 64 ns sleep plus a load from
+// L2: seconds; real waits last a few key blocks' work, microseconds to milliseconds): a turn
+// that never comes means a broken order (a key block that never adds), and the kernel traps,
+// so that the call fails with a launch error instead of hanging the GPU. Used by the d128 dQ
+// writer; in the consumers' loops (d64, d256) the trap's branch made ptxas spill 240 B and 1 KB.
+inline constexpr unsigned kDqTurnSpinLimit = 1u << 27;
+__device__ __forceinline__ void dq_wait_turn_or_trap(const int* counter, int target) {
+  for (unsigned polls = 0; dq_load_acquire(counter) < target; ++polls) {
+    if (polls >= kDqTurnSpinLimit) __trap();
+    __nanosleep(64);
+  }
 }
 
 // After the wait, before a bulk reduction (async proxy) of the same memory.

@@ -1,7 +1,8 @@
 #pragma once
 // Host side of one sm90a backward: the pre-pass (bwd_prepass.hpp: dsum, lse_log2, zeroed
-// dq_accum; deterministic: zeroed dq counters), the main kernel (TMA descriptors of Q, dO, K, V, grid, shared-memory opt-in,
-// launch) and the dq post-pass (bwd_dq_convert.hpp), all on the blocked workspace layouts.
+// dq_accum; deterministic: zeroed dq counters), the main kernel (TMA descriptors of Q, dO, K,
+// V, grid, shared-memory opt-in, launch) and the dq post-pass (bwd_dq_convert.hpp), all on the
+// blocked workspace layouts.
 // Included only by the generated per-instantiation translation units (compiled for sm_90a
 // alone).
 #include <climits>

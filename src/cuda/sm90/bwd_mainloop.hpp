@@ -313,6 +313,10 @@ struct BwdMainloop {
             wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
             warpgroup_wait<1>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
+            if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
+              owed = head * num_m_blocks + m;
+              dq_wait_turn(dq_counter(owed), dq_turn(owed));
+            }
             warpgroup_wait<0>();  // dQ done: dS buffer `buf` is free
             if (it + 2 < num_blocks)
               named_barrier_arrive(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
@@ -322,10 +326,6 @@ struct BwdMainloop {
             float4* dq = reinterpret_cast<float4*>(kp.dq_accum + dq_block_offset<Traits>(
                                                                      p, batch, head, m, num_m_blocks)) +
                          dq_tid;
-            if constexpr (kDeterministic) {
-              owed = head * num_m_blocks + m;
-              dq_wait_turn(dq_counter(owed), dq_turn(owed));
-            }
             CUTE_UNROLL
             for (int v = 0; v < kDqVecs; ++v)
               atomicAdd(dq + v * Traits::kDqThreads,
@@ -424,7 +424,7 @@ struct BwdMainloop {
       for (int m = m_range.begin; m < m_range.end; ++m, ++i) {
         const int stage = i % Traits::kStages;
         const int block = head * num_m_blocks + m;
-        dq_wait_turn(counters + block, dq_add_rank(mask, m, kBlockM, n_block, kBlockN));
+        dq_wait_turn_or_trap(counters + block, dq_add_rank(mask, m, kBlockM, n_block, kBlockN));
         dq_fence_to_async_proxy();
         cutlass::arch::ClusterBarrier::wait(&ss.dq_full[stage], (i / Traits::kStages) & 1);
         bulk_reduce_add(accum + std::int64_t(block) * Traits::kDqBlockFloats,

@@ -230,6 +230,11 @@ struct BwdMainloopSplitD {
         Tensor tdKrdSt_s = tdKrdSt(_, _, _, stage);
         wgmma<false>(mma_dkv, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
 
+        if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
+          owed = head * num_m_blocks + m;
+          dq_wait_turn(dq_counter(owed),
+                       dq_add_rank(mask, m, kBlockM, n_block, kBlockN) * kArrivals);
+        }
         warpgroup_wait<2>();  // dQ done; dV and dK still running
         warpgroup_fence_operand(acc_dq);
         // Thread tid's element 4v + e at float 4 (v kConsumerThreads + tid) + e of the block
@@ -237,10 +242,6 @@ struct BwdMainloopSplitD {
         float4* dq = reinterpret_cast<float4*>(
                          kp.dq_accum + dq_block_offset<Traits>(p, batch, head, m, num_m_blocks)) +
                      tid;
-        if constexpr (kDeterministic) {
-          owed = head * num_m_blocks + m;
-          dq_wait_turn(dq_counter(owed), dq_add_rank(mask, m, kBlockM, n_block, kBlockN) * kArrivals);
-        }
         CUTE_UNROLL
         for (int v = 0; v < Traits::kDqPerThread / 4; ++v)
           atomicAdd(dq + v * Traits::kConsumerThreads,
