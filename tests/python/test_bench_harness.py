@@ -283,6 +283,15 @@ def test_table_rows_and_ratios():
     assert bwd[6] == "n/a" and bwd[5] == "WRONG" and bwd[3] == "-" and bwd[7] == "-"
 
 
+def test_table_has_the_deterministic_ratio_when_both_flashcpp_ran():
+    c = case(D=128, N=1024)
+    rs = [R.Result("flashcpp", c, "bwd", R.OK, ms=2.0, max_err=1e-3),
+          R.Result("flashcpp_det", c, "bwd", R.OK, ms=2.2, max_err=1e-3)]
+    header, rows = R.table_rows(rs, ["flashcpp", "flashcpp_det"])
+    assert header == ["case", "mode", "flashcpp", "flashcpp_det", "flashcpp/flashcpp_det"]
+    assert rows[0][4] == "1.10x"  # the deterministic one's time over the default one's
+
+
 def test_table_without_flashcpp_has_no_ratio():
     rs = [r for r in fake_results() if r.impl != "flashcpp"]
     header, _ = R.table_rows(rs, ["cudnn", "fa2"])
