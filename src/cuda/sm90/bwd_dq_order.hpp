@@ -57,11 +57,12 @@ __device__ __forceinline__ void dq_wait_turn(const int* counter, int target) {
 }
 
 // dq_wait_turn that gives up after kDqTurnSpinLimit polls (each a 64 ns sleep plus a load from
-// L2: seconds; real waits last a few key blocks' work, microseconds to milliseconds): a turn
+// L2: a minute or more, so that tools that slow kernels down, such as compute-sanitizer, do not
+// trip it; real waits last a few key blocks' work, microseconds to milliseconds): a turn
 // that never comes means a broken order (a key block that never adds), and the kernel traps,
 // so that the call fails with a launch error instead of hanging the GPU. Used by the d128 dQ
 // writer; in the consumers' loops (d64, d256) the trap's branch made ptxas spill 240 B and 1 KB.
-inline constexpr unsigned kDqTurnSpinLimit = 1u << 27;
+inline constexpr unsigned kDqTurnSpinLimit = 1u << 30;
 __device__ __forceinline__ void dq_wait_turn_or_trap(const int* counter, int target) {
   for (unsigned polls = 0; dq_load_acquire(counter) < target; ++polls) {
     if (polls >= kDqTurnSpinLimit) __trap();
