@@ -30,6 +30,7 @@ problem (defaults: CPU B=1 H=8 N=1024 D=64 bf16; GPU B=4 H=16 N=4096 D=128 bf16)
   --causal              bottom-right aligned causal mask
   --window L,R          sliding window, -1 = unbounded (e.g. 128,0)
   --softcap C           softcap (0 = off)
+  --deterministic       deterministic backward (bitwise-repeatable dq; --mode bwd)
 run
   --backend B           auto | cpu | cpu_reference | cuda_sm80 | cuda_sm90 (default auto: the
                         GPU when one is usable, else the CPU backend)
@@ -136,6 +137,9 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--softcap") {
       a.softcap = parse_float(flag, need_value());
       if (a.softcap < 0) bad_flag(flag, "must be >= 0");
+    } else if (flag == "--deterministic") {
+      no_value();
+      a.deterministic = true;
     } else if (flag == "--backend") {
       const std::string_view v = need_value();
       if (v == "auto") a.backend = Backend::automatic;
@@ -189,6 +193,7 @@ Problem apply_defaults(const Args& a, bool gpu) {
   p.window_left = a.window_left;
   p.window_right = a.window_right;
   p.softcap = a.softcap;
+  p.deterministic = a.deterministic;
   p.mode = a.mode;
   p.reps = a.reps.value_or(gpu ? 50 : 10);
   p.warmup = a.warmup.value_or(gpu ? 10 : 2);
@@ -203,6 +208,7 @@ AttentionOptions Problem::options(Backend backend) const {
   o.window_left = window_left;
   o.window_right = window_right;
   o.softcap = softcap;
+  o.deterministic = deterministic;
   return o;
 }
 

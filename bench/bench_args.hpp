@@ -18,6 +18,7 @@ struct Args {
   int window_left = -1;
   int window_right = -1;
   float softcap = 0.0f;
+  bool deterministic = false;
   Backend backend = Backend::automatic;
   Mode mode = Mode::fwd;
   std::optional<int> reps, warmup;
@@ -34,6 +35,7 @@ struct Problem {
   bool causal;
   int window_left, window_right;
   float softcap;
+  bool deterministic;
   Mode mode;
   int reps, warmup;
   std::uint64_t seed;

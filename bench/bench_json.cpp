@@ -73,6 +73,7 @@ std::string to_json(const JsonReport& r) {
                                   .add("causal", boolean(p.causal))
                                   .add("window", window)
                                   .add("softcap", number(p.softcap))
+                                  .add("deterministic", boolean(p.deterministic))
                                   .add("scale", number(p.scale()))
                                   .add("seed", static_cast<long long>(p.seed))
                                   .close();

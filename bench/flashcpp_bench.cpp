@@ -125,9 +125,10 @@ void print_problem(const Problem& p) {
   std::printf("  problem     %s B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d Dv=%d %s\n", mode_name(p.mode),
               p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v,
               dtype_name(p.dtype));
-  std::printf("  options     causal=%s window=(%d,%d) softcap=%g scale=%.6g seed=%llu\n",
-              yes_no(p.causal), p.window_left, p.window_right, p.softcap, p.scale(),
-              static_cast<unsigned long long>(p.seed));
+  std::printf(
+      "  options     causal=%s window=(%d,%d) softcap=%g deterministic=%s scale=%.6g seed=%llu\n",
+      yes_no(p.causal), p.window_left, p.window_right, p.softcap, yes_no(p.deterministic),
+      p.scale(), static_cast<unsigned long long>(p.seed));
   std::fflush(stdout);
 }
 

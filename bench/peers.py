@@ -27,6 +27,8 @@ from grid import CONTIGUOUS, Case, page_size, pages_per_sequence
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff": "EFFICIENT_ATTENTION"}
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
+# Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp".
+EXTRA_IMPLS = ("flashcpp_det",)
 
 
 class InputSet:
@@ -357,6 +359,9 @@ class FlashcppPeer(Peer):
         return {"causal": self.case.causal, "softmax_scale": softmax_scale(self.case),
                 "backend": self.backend}
 
+    def _bwd_kw(self):
+        return self._kw()
+
     def make_fwd(self):
         att, sets, kw = self._mod.attention, self.sets, self._kw()
 
@@ -366,7 +371,7 @@ class FlashcppPeer(Peer):
         return fn
 
     def make_bwd(self):
-        att, sets, kw = self._mod.attention, self.sets, self._kw()
+        att, sets, kw, bkw = self._mod.attention, self.sets, self._kw(), self._bwd_kw()
         bwd = self._mod.attention_backward
         state = []
         for s in sets:
@@ -376,12 +381,12 @@ class FlashcppPeer(Peer):
         def fn(i):
             s = sets[i]
             out, lse, dout = state[i]
-            return bwd(dout, s.q, s.k, s.v, out, lse, **kw)
+            return bwd(dout, s.q, s.k, s.v, out, lse, **bkw)
         fn.outputs = lambda i: state[i][0]
         return fn
 
     def make_fwd_bwd(self):
-        att, sets, kw = self._mod.attention, self.sets, self._kw()
+        att, sets, kw, bkw = self._mod.attention, self.sets, self._kw(), self._bwd_kw()
         bwd = self._mod.attention_backward
         # dO in the layout of flashcpp's output, made before timing (one untimed forward)
         douts = [_like(_split_out_lse(att(s.q, s.k, s.v, return_lse=True, **kw))[0], s.dout)
@@ -390,7 +395,7 @@ class FlashcppPeer(Peer):
         def fn(i):
             s = sets[i]
             out, lse = _split_out_lse(att(s.q, s.k, s.v, return_lse=True, **kw))
-            return bwd(douts[i], s.q, s.k, s.v, out, lse, **kw)
+            return bwd(douts[i], s.q, s.k, s.v, out, lse, **bkw)
         return fn
 
     def to_bhsd(self, t):
@@ -399,6 +404,15 @@ class FlashcppPeer(Peer):
     def describe(self):
         info = getattr(self._mod, "last_run_info", lambda: None)()
         return f"{info.backend} {info.kernel}" if info else ""
+
+
+class FlashcppDeterministicPeer(FlashcppPeer):
+    """flashcpp with deterministic=True in the backward (dq added in a fixed order)."""
+
+    name = "flashcpp_det"
+
+    def _bwd_kw(self):
+        return {**self._kw(), "deterministic": True}
 
 
 class FlashcppKVCachePeer(FlashcppPeer):
@@ -443,6 +457,8 @@ def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
     for n in names:
         if n == "flashcpp":
             peers.append(FlashcppPeer(flashcpp_backend))
+        elif n == "flashcpp_det":
+            peers.append(FlashcppDeterministicPeer(flashcpp_backend))
         elif n in SDPA_BACKENDS:
             peers.append(SdpaPeer(n, sdpa_layout))
         elif n == "flex":

@@ -28,6 +28,9 @@ import report as R  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
+# Accepted by --impls but not run by default: flashcpp_det, flashcpp with a deterministic
+# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd.
+EXTRA_IMPLS = ("flashcpp_det",)
 MIN_REPS = 100
 
 
@@ -47,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16",
                    help="bf16, fp16, or both comma-separated (fp16 for spot checks)")
     p.add_argument("--impls", default=",".join(ALL_IMPLS),
-                   help=f"subset of {','.join(ALL_IMPLS)}")
+                   help=f"subset of {','.join(ALL_IMPLS + EXTRA_IMPLS)} "
+                        f"(default {','.join(ALL_IMPLS)})")
     p.add_argument("--reps", type=int, default=MIN_REPS,
                    help=f"timed repetitions per cell, median reported (>= {MIN_REPS}; "
                         "docs/benchmarking.md)")
@@ -81,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         a.dtypes = G.parse_choice_list(a.dtype, ("bf16", "fp16"), "dtype")
         a.mode_list = G.parse_choice_list(a.modes, G.TRAIN_MODES, "mode")
-        a.impl_list = G.parse_choice_list(a.impls, ALL_IMPLS, "implementation")
+        a.impl_list = G.parse_choice_list(a.impls, ALL_IMPLS + EXTRA_IMPLS, "implementation")
         default_d = G.QUICK_HEAD_DIMS if a.quick else G.DEFAULT_HEAD_DIMS
         default_n = G.QUICK_SEQLENS if a.quick else G.DEFAULT_SEQLENS
         a.head_dims = G.parse_size_list(a.heads_dims) if a.heads_dims else list(default_d)

@@ -1,7 +1,8 @@
 #pragma once
 // Size and carve-up of the backward's workspace: the fp32 dq_accum region, then dsum and
-// lse_log2. The workspace query does not know which backend will run, so the sizes cover both
-// layouts: sm80 per row, sm90 in whole query blocks of the instantiation that would run.
+// lse_log2, then (sm90 layout only) the deterministic kernel's int counters. The workspace
+// query does not know which backend will run, so the sizes cover both layouts: sm80 per row,
+// sm90 in whole query blocks of the instantiation that would run.
 // Host only.
 #include <cstdint>
 
@@ -39,10 +40,21 @@ inline std::int64_t bwd_stats_floats(const ForwardParams& p, const Sm90BwdTile& 
   const std::int64_t blocked = std::int64_t(p.batch) * p.heads_q * blocks * sm90.block_m;
   return blocked > plain ? blocked : plain;
 }
-// Bytes: the dq_accum region, then dsum and lse_log2.
+// Ints of the sm90 deterministic backward's counters (sm90/bwd_dq_order.hpp), 0 without an
+// sm90 tile: kBwdTicketInts for the CTA tickets (16 bytes), then one arrival counter per
+// dq_accum block. Always reserved, like the sm90 layout: the workspace query does not know
+// whether the call will be deterministic, and they are one int per block_m x head_dim floats.
+inline constexpr std::int64_t kBwdTicketInts = 4;
+inline std::int64_t bwd_counter_ints(const ForwardParams& p, const Sm90BwdTile& sm90) {
+  if (sm90.head_dim == 0) return 0;
+  const std::int64_t blocks = (std::int64_t(p.seqlen_q) + sm90.block_m - 1) / sm90.block_m;
+  return kBwdTicketInts + std::int64_t(p.batch) * p.heads_q * blocks;
+}
+// Bytes: the dq_accum region, then dsum and lse_log2, then the counters.
 inline std::uint64_t bwd_workspace_bytes(const ForwardParams& p, const Sm90BwdTile& sm90) {
   return std::uint64_t(bwd_dq_accum_floats(p, sm90) + 2 * bwd_stats_floats(p, sm90)) *
-         sizeof(float);
+             sizeof(float) +
+         std::uint64_t(bwd_counter_ints(p, sm90)) * sizeof(std::int32_t);
 }
 
 }  // namespace flashcpp::detail::cuda

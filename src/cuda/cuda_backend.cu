@@ -336,8 +336,8 @@ Error unbuilt_backward_error(const BackwardParams& p, bool sm90_asked) {
             built_head_dim_pairs(sm90::kBwdKernels, p.dtype);
     // One of them covers the head dim: the call is of a kind the sm90a backward does not take.
     if (sm90::find_bwd_kernel(p) != nullptr)
-      built += " (which do not take varlen, deterministic, Nq = 0 or odd head dim calls, nor "
-               "TMA-incompatible strides)";
+      built += " (which do not take Nq = 0 or odd head dim calls, nor TMA-incompatible "
+               "strides)";
     built += "; ";
   }
   built += "sm80 backward head dims for " + dtype + ": " +
@@ -373,6 +373,10 @@ BwdKernelParams bwd_kernel_params(const BackwardParams& params, Workspace worksp
   kp.dq_accum = static_cast<float*>(workspace.data);
   kp.dsum = kp.dq_accum + bwd_dq_accum_floats(params, sm90);
   kp.lse_log2 = kp.dsum + bwd_stats_floats(params, sm90);
+  if (bwd_counter_ints(params, sm90) > 0) {  // the sm90 deterministic kernel's counters
+    kp.tile_ticket = reinterpret_cast<int*>(kp.lse_log2 + bwd_stats_floats(params, sm90));
+    kp.dq_semaphore = kp.tile_ticket + kBwdTicketInts;
+  }
   auto aligned = [](const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15) == 0; };
   auto strided8 = [](const Strides& st) {
     return st.batch % 8 == 0 && st.row % 8 == 0 && st.head % 8 == 0;
@@ -525,7 +529,7 @@ Plan plan_backward(const BackwardParams& params, Backend requested) {
   if (sm90 && sm90::bwd_covers(params)) {
     const sm90::BwdKernel& k = *sm90::find_bwd_kernel(params);
     plan.backend = Backend::cuda_sm90;
-    plan.kernel = sm90::bwd_kernel_name(k);
+    plan.kernel = sm90::bwd_kernel_name(k, params.deterministic);
     plan.kernel_index = int(&k - sm90::kBwdKernels);
     return log_plan("backward", params, plan);
   }
@@ -557,6 +561,8 @@ RunInfo run_backward(const Plan& plan, const BackwardParams& params, Stream stre
   if (plan.backend == Backend::cuda_sm90) {
     const sm90::BwdKernel& kernel = sm90::kBwdKernels[plan.kernel_index];
     kp.num_n_blocks = sm90::bwd_num_n_blocks(params, kernel);
+    kp.ticket_head_group =
+        sm90::bwd_ticket_head_group(params, kernel, device_info(params.device).sm_count);
     launch_on_device(params.device, [&] { kernel.entry(kp, cuda_stream); });
   } else {
     const sm80::BwdKernel& kernel = sm80::kBwdKernels[plan.kernel_index];

@@ -189,13 +189,15 @@ TEST_P(CudaBackward, WorkspaceTooSmallThrows) {
     }
 }
 
-// ---- sm80: deterministic, varlen, head dims beyond 128 -----------------------------------------
+// ---- deterministic ------------------------------------------------------------------------------
 
-// deterministic = true: five runs give the same bits and the right gradients. dQ then comes
-// from the dq kernel (no atomics); the shapes include many key blocks adding into the same dQ
-// rows (64 queries x 4096 keys: 64 key-block CTAs per row in the atomic path), GQA (dK, dV
-// summed over 4 query heads), causal, d256 and varlen.
-TEST_P(CudaBackwardSm80, DeterministicBitwiseAndCorrect) {
+// deterministic = true: five runs give the same bits and the right gradients, and RunInfo names
+// a "_deterministic" kernel of the backend under test. sm80: dQ from the dq kernel (no
+// atomics); sm90: the key-block CTAs add dQ in a fixed order (sm90/bwd_dq_order.hpp). The
+// shapes include many key blocks adding into the same dQ rows (64 queries x 4096 keys: 32 or
+// 64 key-block CTAs per row), GQA (dK, dV summed over 4 query heads), causal, d256 (window +
+// softcap) and varlen with empty sequences (key blocks that add nothing).
+TEST_P(CudaBackward, DeterministicBitwiseAndCorrect) {
   constexpr int kRuns = 5;
   for (bool causal : {false, true}) {
     BwdCase c = base();  // GQA 8/2
@@ -220,7 +222,7 @@ TEST_P(CudaBackwardSm80, DeterministicBitwiseAndCorrect) {
     check(c, kRuns);
   }
   {
-    BwdCase c = base();  // d256 (32-row query blocks), fp16, window + softcap
+    BwdCase c = base();  // d256 (sm80: 32-row query blocks; sm90: split_d), fp16, window + softcap
     c.deterministic = true;
     c.dtype = DType::fp16;
     c.Hq = 4;
@@ -256,6 +258,54 @@ TEST_P(CudaBackwardSm80, DeterministicBitwiseAndCorrect) {
       ASSERT_EQ(r.dq[i], 0.f) << "dq element " << i;
   }
 }
+
+// The sm90a deterministic backward with other work on the GPU (BwdCase::busy_gpu), so that
+// its CTAs reach the dQ reductions in another order each run: every head dim layout (d64 float4
+// reductions by turns, d128 bulk reductions, d256 split_d), windows, causal, softcap, GQA;
+// shapes whose tickets interleave several (kv head, batch) pairs, with a partial last group
+// (28/7 heads, B 2, N 512: groups of 8 or 9 of the 14 pairs on an H100); varlen.
+TEST_P(CudaBackwardSm90, DeterministicUnderLoad) {
+  constexpr int kRuns = 6;
+  for (int d : {64, 128, 256})
+    for (auto [causal, wl, wr, softcap] : {std::tuple{false, -1, -1, 0.f}, {true, -1, -1, 0.f},
+                                           {false, 100, 7, 0.f}, {true, -1, -1, 30.f}}) {
+      BwdCase c = base();
+      c.deterministic = true;
+      c.busy_gpu = true;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Nq = 300;
+      c.Nk = 700;
+      c.D = d;
+      c.causal = causal;
+      c.wl = wl;
+      c.wr = wr;
+      c.softcap = softcap;
+      check(c, kRuns);
+    }
+  for (bool causal : {false, true}) {
+    BwdCase c = base();  // ticket groups of several pairs, the last one partial
+    c.deterministic = true;
+    c.busy_gpu = true;
+    c.B = 2;
+    c.Hq = 28;
+    c.Hkv = 7;
+    c.Nq = c.Nk = 512;
+    c.D = 128;
+    c.causal = causal;
+    check(c, kRuns);
+  }
+  for (int d : {64, 128, 256}) {
+    BwdCase c = base();  // varlen
+    c.deterministic = true;
+    c.busy_gpu = true;
+    make_varlen_mixed(c, d, kVarlenMasks[1]);
+    check(c, kRuns);
+  }
+}
+
+// ---- varlen, sm80 head dims beyond 128 ----------------------------------------------------------
 
 // Varlen (cu_seqlens): sequences of different lengths, one with no queries (its keys get
 // dk = dv = 0) and one with no keys (its queries get dq = 0), sequences spanning several key
@@ -394,6 +444,13 @@ TEST_P(CudaBackwardSm90, ReportsBackendAndKernel) {
           << r256.info.kernel;
     }
   }
+  // Deterministic calls run the sm90a kernel too, named so.
+  c.D = 64;
+  c.deterministic = true;
+  const BwdResult det = check(c);
+  EXPECT_NE(std::string(det.info.kernel).find("sm90_bwd_bf16_hdim64_64x128_s2_ws_deterministic"),
+            std::string::npos)
+      << det.info.kernel;
 }
 
 // The automatic backend runs the sm90 backward on Hopper unless FLASHCPP_DISABLE_SM90=1.
@@ -407,6 +464,8 @@ TEST_P(CudaBackwardSm90, AutomaticBackendFollowsTheSwitch) {
   c.backend = Backend::automatic;
   c.expect = disabled ? Backend::cuda_sm80 : Backend::cuda_sm90;
   check(c);
+  c.deterministic = true;  // deterministic calls alike
+  check(c, 2);
 }
 
 // Head dims below an instantiated one run zero-padded on it (d32 and d80 on hdim64/hdim128,

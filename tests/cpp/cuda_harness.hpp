@@ -546,6 +546,10 @@ inline double grad_bound(DType t) { return t == DType::bf16 ? 2e-2 : 5e-3; }
 
 struct BwdCase : CaseBase {
   bool deterministic = false;
+  // Keep the GPU busy while each run after the first runs: a memset of a different size per
+  // run on a second (non-blocking) stream, so the backward's CTAs get SMs at other times and
+  // finish in another order than in the first run.
+  bool busy_gpu = false;
   std::int64_t workspace_shortfall = 0;  // give this many bytes less than asked for
   std::int64_t workspace_misalign = 0;   // start the workspace this many bytes past alignment
   std::uint64_t seed = 3;
@@ -606,12 +610,20 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
   DeviceBuffer ws_buffer(std::max<std::size_t>(give + c.workspace_misalign, 1));
   void* ws_ptr = static_cast<char*>(ws_buffer.ptr) + c.workspace_misalign;
   std::vector<std::uint16_t> img_dq, img_dk, img_dv;
+  constexpr std::size_t kBusyBytes = std::size_t(256) << 20;
+  DeviceBuffer busy(c.busy_gpu ? kBusyBytes : 0);
+  cudaStream_t side = nullptr;
+  if (c.busy_gpu) cuda_ok(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   for (int rep = 0; rep < repeats; ++rep) {
     cuda_ok(cudaMemset(gdq.ptr, 0xFF, nq * 2));  // NaN in fp16 and bf16
     cuda_ok(cudaMemset(gdk.ptr, 0xFF, nk * 2));
     cuda_ok(cudaMemset(gdv.ptr, 0xFF, nv * 2));
     // The workspace is poisoned too: nothing may rely on it being zero.
     cuda_ok(cudaMemset(ws_ptr, 0xFF, give));
+    if (c.busy_gpu && rep > 0) {
+      cuda_ok(cudaDeviceSynchronize());  // the poison is written before the side work starts
+      cuda_ok(cudaMemsetAsync(busy.ptr, rep, kBusyBytes >> (rep % 4), side));
+    }
     const Workspace w{ws_ptr, give};
     r.info = c.varlen() ? backward_varlen(tq, tk, tv, tout, tdout, tlse, tdq, tdk, tdv, tcu_q,
                                           tcu_k, g.max_q, g.max_k, opt, nullptr, w)
@@ -625,6 +637,7 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
     joined.insert(joined.end(), img_dv.begin(), img_dv.end());
     r.bits.push_back(std::move(joined));
   }
+  if (side != nullptr) cuda_ok(cudaStreamDestroy(side));
   r.dq = logical(c.dtype, img_dq, g.q);
   r.dk = logical(c.dtype, img_dk, g.k);
   r.dv = logical(c.dtype, img_dv, g.v);

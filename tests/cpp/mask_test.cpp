@@ -118,5 +118,23 @@ TEST(MaskRule, ForwardKeyBlocksOfAQueryBlock) {
   });
 }
 
+// The deterministic sm90a backward (src/cuda/sm90/bwd_dq_order.hpp) counts a query block's
+// adders with n_blocks(m) while each key block walks m_blocks(n): the two must name the same
+// (query block, key block) pairs, or a CTA would wait for a key block that never adds.
+TEST(MaskRule, BackwardAndForwardBlockRangesAgree) {
+  for_each_shape([](const Shape& s) {
+    SCOPED_TRACE(name(s));
+    const WindowMask mask(s.sq, s.sk, s.left, s.right);
+    for (int nb = 0; nb < ceil_div(s.sk, s.bn); ++nb) {
+      const BlockRange ms = mask.m_blocks(nb, s.bn, s.bm);
+      for (int mb = 0; mb < ceil_div(s.sq, s.bm); ++mb) {
+        const BlockRange ns = mask.n_blocks(mb, s.bm, s.bn);
+        EXPECT_EQ(mb >= ms.begin && mb < ms.end, nb >= ns.begin && nb < ns.end)
+            << "m block " << mb << " n block " << nb;
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace flashcpp::detail::cuda

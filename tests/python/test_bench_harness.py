@@ -149,6 +149,12 @@ def test_flags():
     assert a.impl_list == ["flashcpp", "cudnn"] and a.reps == 200 and a.sdpa_layout == "bhsd"
 
 
+def test_deterministic_flashcpp_is_an_extra_impl():
+    assert "flashcpp_det" not in SC.parse_args([]).impl_list
+    a = SC.parse_args(["--impls", "flashcpp_det,flashcpp", "--modes", "bwd"])
+    assert a.impl_list == ["flashcpp", "flashcpp_det"]
+
+
 def test_rounds_flag():
     assert SC.parse_args([]).rounds == 2
     assert SC.parse_args(["--rounds", "3"]).rounds == 3
@@ -275,6 +281,15 @@ def test_table_rows_and_ratios():
     assert fwd[7] == "1.10x" and fwd[8] == "2.00x"
     bwd = next(r for r in rows if r[1] == "bwd")
     assert bwd[6] == "n/a" and bwd[5] == "WRONG" and bwd[3] == "-" and bwd[7] == "-"
+
+
+def test_table_has_the_deterministic_ratio_when_both_flashcpp_ran():
+    c = case(D=128, N=1024)
+    rs = [R.Result("flashcpp", c, "bwd", R.OK, ms=2.0, max_err=1e-3),
+          R.Result("flashcpp_det", c, "bwd", R.OK, ms=2.2, max_err=1e-3)]
+    header, rows = R.table_rows(rs, ["flashcpp", "flashcpp_det"])
+    assert header == ["case", "mode", "flashcpp", "flashcpp_det", "flashcpp/flashcpp_det"]
+    assert rows[0][4] == "1.10x"  # the deterministic one's time over the default one's
 
 
 def test_table_without_flashcpp_has_no_ratio():
@@ -421,8 +436,9 @@ def test_profile_command_line():
 # ---------------------------------------------------------------- flashcpp peer, CPU backend
 
 
+@pytest.mark.parametrize("name", ["flashcpp", "flashcpp_det"])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
-def test_flashcpp_peer_modes_pass_the_check_on_cpu(mode):
+def test_flashcpp_peer_modes_pass_the_check_on_cpu(mode, name):
     """The flashcpp peer's fwd / bwd / fwd+bwd callables and check_cell, end to end on the CPU
     backend (float32, GQA, causal with Nq != Nk): what runs on the GPU, minus the timing."""
     torch = pytest.importorskip("torch")
@@ -437,8 +453,8 @@ def test_flashcpp_peer_modes_pass_the_check_on_cpu(mode):
     s = sets[0]
     ref = reference.compute(s.q.transpose(1, 2), s.k.transpose(1, 2), s.v.transpose(1, 2),
                             s.dout.transpose(1, 2), c.causal, P.softmax_scale(c), grads=True)
-    peer = P.make_peers(["flashcpp"], flashcpp_backend="cpu")[0]
-    assert peer.available() is None
+    peer = P.make_peers([name], flashcpp_backend="cpu")[0]
+    assert peer.name == name and peer.available() is None
     peer.prepare(c, sets)
     with peer.context():
         fn = peer.make(mode)

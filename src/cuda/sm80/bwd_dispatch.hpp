@@ -1,8 +1,8 @@
 #pragma once
 // Host side of the sm80 backward seen by the planner (cuda_backend.cu): which instantiations
 // this build has and the kernel names reported in RunInfo. It takes every backward call of
-// fp16/bf16 with head_dim_v == head_dim: varlen, deterministic, and what the sm90a backward
-// does not cover.
+// fp16/bf16 with head_dim_v == head_dim below sm90, and on Hopper what the sm90a backward does
+// not cover.
 #include <string>
 
 #include <cuda_runtime.h>

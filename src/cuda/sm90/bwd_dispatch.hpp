@@ -3,8 +3,9 @@
 // instantiations this build has, whether a call is covered, and the kernel names reported in
 // RunInfo. The run-time switch FLASHCPP_DISABLE_SM90 is the forward's (fwd_dispatch.hpp).
 //
-// Not covered (the planner sends these to the sm80 backward): deterministic, Nq = 0,
-// head_dim_v != head_dim without a pair instantiation (FLASHCPP_HEAD_DIM_PAIRS), head dims above the largest sm90 backward tile, and strides or
+// Not covered (the planner sends these to the sm80 backward): Nq = 0, deterministic calls with
+// head_dim_v != head_dim, head_dim_v != head_dim without a pair instantiation
+// (FLASHCPP_HEAD_DIM_PAIRS), head dims above the largest sm90 backward tile, and strides or
 // pointers that a TMA descriptor cannot describe (every stride a multiple of 16 bytes, every
 // base pointer 16-byte aligned; required of out, dq, dk and dv too, which the pre- and
 // post-pass and the epilogue read and write in element pairs).
@@ -18,6 +19,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
+#include "cuda/sm90/bwd_tile_scheduler.hpp"
 #include "cuda/sm90/bwd_tile_table.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 
@@ -59,7 +61,7 @@ inline Sm90BwdTile bwd_tile_of(const BwdKernel& k) {
 // True when the sm90 backward main kernel can run this call.
 inline bool bwd_covers(const BackwardParams& p) {
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
-  if (p.deterministic) return false;
+  if (p.deterministic && p.head_dim_v != p.head_dim) return false;  // not built for pairs yet
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   // No query rows: nothing for TMA to describe (q may have no storage); sm80 writes the zero
   // dk, dv.
@@ -84,13 +86,21 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
   return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
 }
 
+// The (kv head, batch) pairs the deterministic kernel's tickets interleave
+// (bwd_tile_scheduler.hpp).
+inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count) {
+  return ticket_head_group(p.heads_q, p.heads_kv, p.batch, p.seqlen_q, bwd_tile_of(k).block_m,
+                           sm_count);
+}
+
 // RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws" ("..._hdim192x128_..." for D 192,
-// Dv 128).
-inline const char* bwd_kernel_name(const BwdKernel& k) {
+// Dv 128) or, deterministic, "sm90_bwd_bf16_hdim128_64x128_s2_ws_deterministic".
+inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic) {
   const Sm90BwdTile t = bwd_tile_of(k);
   return intern_name(std::string("sm90_bwd_") + dtype_name(k.dtype) +
                      "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
-                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws");
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
+                     (deterministic ? "_deterministic" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -1,7 +1,7 @@
 #pragma once
 // The sm90a backward main kernel, composed from parts given as template parameters:
-//   Scheduler  which (key block, kv head, batch) this CTA owns: static tile(kp, blockIdx.x)
-//              (bwd_tile_scheduler.hpp);
+//   Scheduler  which (key block, kv head, batch) this CTA owns: static tile(kp, blockIdx.x),
+//              or of a ticket the CTA takes (deterministic, bwd_tile_scheduler.hpp);
 //   Producer   the TMA loads of K, V and the Q / dO ring: load(...) (bwd_producer.hpp);
 //   Mainloop   the consumers' products over the query blocks: mma(...) (bwd_mainloop.hpp,
 //              or bwd_mainloop_split_d.hpp for split_d tiles); its Traits fix the tile;
@@ -9,6 +9,8 @@
 // and the mask rule (common/mask.hpp), which says which query blocks a key block meets. The
 // shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
+//                    deterministic d128: one thread of warp 1 adds the staged dQ blocks
+//                    (Mainloop::write_dq, bwd_mainloop.hpp);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240); 64 keys each, or half the
 //                    head dim each for split_d tiles (the mainloop follows the tile).
 // The pre-pass (bwd_prepass.hpp) and the dq post-pass (bwd_dq_convert.hpp) run around it.
@@ -40,7 +42,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   const BwdKernelParams& kp = params.kp;
   const BackwardParams& p = kp.p;
 
-  const BwdTileCoord tile = Scheduler::tile(kp, blockIdx.x);
+  unsigned block = blockIdx.x;
+  // The ticket passes through the first statistics stage, which the producer fills only after
+  // the __syncthreads that follows the pipelines' set-up below.
+  if constexpr (Scheduler::kTicketed)
+    block = Scheduler::take_ticket(kp, reinterpret_cast<unsigned*>(&ss.lse_log2[0][0]));
+  const BwdTileCoord tile = Scheduler::tile(kp, block);
   const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
   const SeqlenInfo seq = Traits::kVarlen ? SeqlenInfo(p, batch) : SeqlenInfo::padded(p, batch);
   // Varlen grids are sized by the longest key sequence: a key block past this sequence's end
@@ -57,6 +64,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.kv_full, 1);
+    if constexpr (Mainloop::kDqWriter) {
+      for (int s = 0; s < Traits::kStages; ++s) {
+        cutlass::arch::ClusterBarrier::init(&ss.dq_full[s], 1);
+        cutlass::arch::ClusterBarrier::init(&ss.dq_empty[s], 1);
+      }
+    }
   }
   typename Pipeline::Params pp;
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
@@ -82,6 +95,10 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     if (warp == 0 && elected && has_work)
       Producer{}.load(params, seq, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do,
                       ss);
+    if constexpr (Mainloop::kDqWriter) {
+      if (warp == 1 && elected && has_work)
+        Mainloop{}.write_dq(kp, mask, n_block, head_kv, batch, m_range, ss);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int tid = threadIdx.x - 128;

@@ -1,7 +1,8 @@
 #pragma once
 // Host side of one sm90a backward: the pre-pass (bwd_prepass.hpp: dsum, lse_log2, zeroed
-// dq_accum), the main kernel (TMA descriptors of Q, dO, K, V, grid, shared-memory opt-in,
-// launch) and the dq post-pass (bwd_dq_convert.hpp), all on the blocked workspace layouts.
+// dq_accum; deterministic: zeroed dq counters), the main kernel (TMA descriptors of Q, dO, K,
+// V, grid, shared-memory opt-in, launch) and the dq post-pass (bwd_dq_convert.hpp), all on the
+// blocked workspace layouts.
 // Included only by the generated per-instantiation translation units (compiled for sm_90a
 // alone).
 #include <climits>
@@ -40,10 +41,11 @@ using BwdMainloopOf = std::conditional_t<Traits::kTile.split_d, BwdMainloopSplit
 
 // The traits of the head dims' tile layout (bwd_tile_table.hpp); split by keys only for
 // D == Dv.
-template <class Element, int kHeadDim, int kHeadDimV, bool kVarlen>
-using BwdTraitsOf = std::conditional_t<sm90_bwd_tile(kHeadDim, kHeadDimV).split_d,
-                                       BwdTraitsSplitD<Element, kHeadDim, kHeadDimV, kVarlen>,
-                                       BwdTraits<Element, kHeadDim, kVarlen>>;
+template <class Element, int kHeadDim, int kHeadDimV, bool kVarlen, bool kDeterministic>
+using BwdTraitsOf =
+    std::conditional_t<sm90_bwd_tile(kHeadDim, kHeadDimV).split_d,
+                       BwdTraitsSplitD<Element, kHeadDim, kHeadDimV, kVarlen, kDeterministic>,
+                       BwdTraits<Element, kHeadDim, kVarlen, kDeterministic>>;
 
 template <class Traits>
 void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
@@ -60,13 +62,27 @@ void run_bwd_passes(const BwdKernelParams& kp, cudaStream_t stream) {
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 
-// Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits).
+// Padded and varlen calls run separate main-kernel instantiations (kVarlen of the traits), and
+// so do deterministic ones (kDeterministic; D == Dv only, bwd_dispatch.hpp).
 template <class Element, int kHeadDim, int kHeadDimV>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
+  if constexpr (kHeadDim == kHeadDimV) {
+    if (kp.p.deterministic) {
+      if (kp.dq_semaphore == nullptr || kp.tile_ticket == nullptr || kp.ticket_head_group < 1)
+        throw Error("cuda sm90 backward: deterministic call without its dq counters");
+      if (kp.p.is_varlen())
+        run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, true, true>>(kp, stream);
+      else
+        run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, false, true>>(kp, stream);
+      return;
+    }
+  }
+  if (kp.p.deterministic)
+    throw Error("cuda sm90 backward: no deterministic kernel for head_dim_v != head_dim");
   if (kp.p.is_varlen())
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, true>>(kp, stream);
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, true, false>>(kp, stream);
   else
-    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, false>>(kp, stream);
+    run_bwd_passes<BwdTraitsOf<Element, kHeadDim, kHeadDimV, false, false>>(kp, stream);
 }
 
 template <class Traits>
@@ -117,7 +133,9 @@ void run_bwd_main(const BwdKernelParams& kp, cudaStream_t stream) {
         stage, out_tile, _1{});
   }
 
-  using Scheduler = KeyBlockScheduler;
+  // Deterministic: tiles in ticket order, the order dQ is added in (bwd_dq_order.hpp).
+  using Scheduler = std::conditional_t<Traits::kDeterministic, OrderedKeyBlockScheduler,
+                                       KeyBlockScheduler>;
   const auto kernel = &bwd_kernel<BwdProducer<Traits>, BwdMainloopOf<Traits>, BwdEpilogue<Traits>,
                                   Scheduler>;
   constexpr int smem = Traits::kSmemBytes;

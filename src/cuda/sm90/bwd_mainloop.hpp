@@ -15,6 +15,14 @@
 //   a bulk reduction after the next meeting; d64, float4 reductions from the registers of the
 //   warpgroup whose turn it is (see bwd_traits.hpp, kDqAlternate)
 // dK and dV stay in registers across the whole loop (GQA: summed over the group's heads).
+// Deterministic (Traits::kDeterministic, bwd_dq_order.hpp): each block's dQ is added when this
+// key block's turn for it has come. d128: the bulk reductions move from consumer thread 0 to a
+// dQ writer thread in the producer warpgroup (write_dq below), so that the consumers never wait
+// for a turn: thread 0 only tells the writer that a stage is full (dq_full) and, before the
+// consumers rewrite a stage, waits until the writer has read it (dq_empty); the writer waits
+// for the turn, reduces, frees the stage and arrives once the reduction has completed. d64: each
+// warp of the warpgroup on dQ duty waits before its float4 reductions and arrives during the
+// next block, when they have long completed.
 //
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
 // matches; a key block that no query sees is skipped by both before any barrier is touched.
@@ -31,6 +39,7 @@
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bulk_reduce.hpp"
+#include "cuda/sm90/bwd_dq_order.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
@@ -51,6 +60,8 @@ struct BwdMainloop {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  // Deterministic d128: a producer-warpgroup thread adds the dQ stages (write_dq).
+  static constexpr bool kDqWriter = Traits::kDeterministic && !Traits::kDqAlternate;
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's keys into acc_dk, acc_dv; m_range is non-empty.
@@ -114,6 +125,18 @@ struct BwdMainloop {
     // kStages x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
     // instead of two pointers: the loop runs at the register limit.
     int pending = -1;
+    // Deterministic d64 (bwd_dq_order.hpp): the dq block (head * num_m_blocks + m) whose
+    // reductions this warp has yet to announce, a block's arrival counter, and this key
+    // block's turn there (kDqThreads / 32 warps arrive per key block).
+    constexpr bool kDeterministic = Traits::kDeterministic;
+    int owed = -1;
+    auto dq_counter = [&](int block) {
+      return kp.dq_semaphore + (std::int64_t(batch) * p.heads_q * num_m_blocks + block);
+    };
+    auto dq_turn = [&](int block) {
+      return dq_add_rank(mask, block % num_m_blocks, kBlockM, n_block, kBlockN) *
+             (Traits::kDqThreads / 32);
+    };
     auto reduce_pending = [&] {
       const int block = pending / Traits::kStages;
       bulk_reduce_add(kp.dq_accum + dq_block_offset<Traits>(p, batch, block / num_m_blocks,
@@ -290,6 +313,10 @@ struct BwdMainloop {
             wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
             warpgroup_wait<1>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
+            if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
+              owed = head * num_m_blocks + m;
+              dq_wait_turn(dq_counter(owed), dq_turn(owed));
+            }
             warpgroup_wait<0>();  // dQ done: dS buffer `buf` is free
             if (it + 2 < num_blocks)
               named_barrier_arrive(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
@@ -308,6 +335,10 @@ struct BwdMainloop {
             named_barrier_arrive(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
             warpgroup_wait<0>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
+            if constexpr (kDeterministic) {
+              if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the last turn's reductions
+              owed = -1;
+            }
           }
         } else {
           // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
@@ -315,9 +346,24 @@ struct BwdMainloop {
           // The same barrier publishes the previous block's dQ stage: thread 0 first makes sure
           // the stage before it (which this block's dQ will overwrite) has been read, and after
           // the barrier hands the previous one to the copy engine.
-          if (tid == 0) tma_store_wait<0>();
+          // Deterministic: the writer has read the stage (it added block it - 2 from it), and
+          // is told after the barrier that the previous block's stage is full.
+          if (tid == 0) {
+            if constexpr (kDqWriter) {
+              if (it >= Traits::kStages)
+                cutlass::arch::ClusterBarrier::wait(&ss.dq_empty[buf],
+                                                    ((it - Traits::kStages) / Traits::kStages) & 1);
+            } else {
+              tma_store_wait<0>();
+            }
+          }
           named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
-          if (tid == 0 && pending >= 0) reduce_pending();
+          if (tid == 0 && pending >= 0) {
+            if constexpr (kDqWriter)
+              cutlass::arch::ClusterBarrier::arrive(&ss.dq_full[pending % Traits::kStages]);
+            else
+              reduce_pending();
+          }
           Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
           Tensor tdQrdS_buf = tdQrdS(_, _, _, buf);
           wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
@@ -346,8 +392,49 @@ struct BwdMainloop {
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(NamedBarrier::kBwdDsReady, Traits::kConsumerThreads);
       if (tid == 0) {
-        reduce_pending();
-        bulk_wait_all();
+        if constexpr (kDqWriter) {  // the writer keeps the CTA alive until it has added it
+          cutlass::arch::ClusterBarrier::arrive(&ss.dq_full[pending % Traits::kStages]);
+        } else {
+          reduce_pending();
+          bulk_wait_all();
+        }
+      }
+    } else if constexpr (kDeterministic) {
+      if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // this warp's last turn
+    }
+  }
+
+  // Deterministic d128: the dQ writer, one thread of the producer warpgroup. For every block
+  // the consumers walk, in their order (stage i % kStages for the i-th): waits for this key
+  // block's turn (bwd_dq_order.hpp, one arrival per key block) and for the consumers to have
+  // staged the block (dq_full), adds the stage to dq_accum with one bulk reduction, frees the
+  // stage once it has been read (dq_empty), and arrives once the reduction has completed.
+  // m_range is non-empty.
+  __device__ void write_dq(const BwdKernelParams& kp, const WindowMask& mask, int n_block,
+                           int head_kv, int batch, BlockRange m_range, SharedStorage& ss) const {
+    static_assert(kDqWriter);
+    const BackwardParams& p = kp.p;
+    const int group = p.heads_q / p.heads_kv;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
+    // dq_accum blocks and their counters of this batch, named head * num_m_blocks + m.
+    int* const counters = kp.dq_semaphore + std::int64_t(batch) * p.heads_q * num_m_blocks;
+    float* const accum = kp.dq_accum + dq_block_offset<Traits>(p, batch, 0, 0, num_m_blocks);
+    int i = 0;
+    for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
+      for (int m = m_range.begin; m < m_range.end; ++m, ++i) {
+        const int stage = i % Traits::kStages;
+        const int block = head * num_m_blocks + m;
+        dq_wait_turn_or_trap(counters + block, dq_add_rank(mask, m, kBlockM, n_block, kBlockN));
+        dq_fence_to_async_proxy();
+        cutlass::arch::ClusterBarrier::wait(&ss.dq_full[stage], (i / Traits::kStages) & 1);
+        bulk_reduce_add(accum + std::int64_t(block) * Traits::kDqBlockFloats,
+                        ss.dq.data() + stage * Traits::kDqBlockFloats,
+                        Traits::kDqBlockFloats * sizeof(float));
+        tma_store_arrive();
+        tma_store_wait<0>();  // the stage has been read
+        cutlass::arch::ClusterBarrier::arrive(&ss.dq_empty[stage]);
+        bulk_wait_all();  // and added
+        dq_arrive_after_bulk(counters + block);
       }
     }
   }

@@ -12,6 +12,9 @@
 // dK and dV (half the head dim each) stay in registers across the whole loop (GQA: summed over
 // the group's heads). S is not swapped here, so each thread holds 2 query rows and reads
 // their lse_log2 and dsum from the ring stage (two values, no shuffles).
+// Deterministic (Traits::kDeterministic, bwd_dq_order.hpp): each warp waits for this key
+// block's turn before its float4 reductions and arrives in the next block, after its dP
+// product is issued, when the reductions have long completed.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -24,6 +27,7 @@
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
+#include "cuda/sm90/bwd_dq_order.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -43,6 +47,7 @@ struct BwdMainloopSplitD {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr bool kDqWriter = false;  // no dQ stages: dQ is added from registers
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's head-dim half (of D and of Dv) into acc_dk, acc_dv;
@@ -98,6 +103,14 @@ struct BwdMainloopSplitD {
     const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     const bool has_softcap = kp.softcap_in_scale != 0.f;
     const float scale_log2 = kp.scale_log2;
+    // Deterministic: the dq block (head * num_m_blocks + m) whose reductions this warp has yet
+    // to announce, its arrival counter and this key block's turn there (bwd_dq_order.hpp).
+    constexpr bool kDeterministic = Traits::kDeterministic;
+    constexpr int kArrivals = Traits::kConsumerThreads / 32;
+    int owed = -1;
+    auto dq_counter = [&](int block) {
+      return kp.dq_semaphore + (std::int64_t(batch) * p.heads_q * num_m_blocks + block);
+    };
 
     PipelineState state;  // consumer states start at phase 0
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
@@ -130,6 +143,10 @@ struct BwdMainloopSplitD {
         pipeline_do.consumer_wait(state);
         Tensor tdPrdO_s = tdPrdO(_, _, _, stage);
         wgmma<true>(mma_sdp, tdPrdO_s, tdPrV, acc_dp);
+        if constexpr (kDeterministic) {
+          if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the previous block's reductions
+          owed = -1;
+        }
         // This thread's rows' statistics, copied with Q and dO into the ring stage (rows past
         // the sequence: lse_log2 = +inf, so P and dS are 0 there).
         float lse[kRows], dsum[kRows];
@@ -216,6 +233,11 @@ struct BwdMainloopSplitD {
         Tensor tdKrdSt_s = tdKrdSt(_, _, _, stage);
         wgmma<false>(mma_dk, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
 
+        if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
+          owed = head * num_m_blocks + m;
+          dq_wait_turn(dq_counter(owed),
+                       dq_add_rank(mask, m, kBlockM, n_block, kBlockN) * kArrivals);
+        }
         warpgroup_wait<2>();  // dQ done; dV and dK still running
         warpgroup_fence_operand(acc_dq);
         // Thread tid's element 4v + e at float 4 (v kConsumerThreads + tid) + e of the block
@@ -234,6 +256,9 @@ struct BwdMainloopSplitD {
         pipeline_q.consumer_release(state);
         ++state;
       }
+    }
+    if constexpr (kDeterministic) {
+      if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the last block's reductions
     }
   }
 

@@ -4,7 +4,9 @@
 //  - dsum = rowsum(dO * O) and lse_log2 = lse * log2(e) for the block's kBlockM rows, rows past
 //    the sequence padded with dsum = 0 and lse_log2 = +inf (so P = 0 there): the main kernel's
 //    producer copies a block's statistics with one bulk copy and the consumers need no bounds;
-//  - the block's dq_accum zeroed (bwd_dq_convert.hpp has that layout).
+//  - the block's dq_accum zeroed (bwd_dq_convert.hpp has that layout);
+//  - deterministic: the block's dq_semaphore and the main kernel's ticket counter zeroed
+//    (bwd_dq_order.hpp).
 #include <cmath>
 #include <cstdint>
 
@@ -81,6 +83,12 @@ __global__ void __launch_bounds__(kPrepassThreads) bwd_prepass(const BwdKernelPa
     if (part == 0) {  // rows past the sequence keep lse = -inf: lse_log2 = +inf, P = 0
       kp.dsum[block * kBlockM + r] = dsum;
       kp.lse_log2[block * kBlockM + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+  }
+  if constexpr (Traits::kDeterministic) {  // the block's arrival counter, and the tickets
+    if (threadIdx.x == 0) {
+      kp.dq_semaphore[block] = 0;
+      if (block == 0) *kp.tile_ticket = 0;
     }
   }
   float4* dq = reinterpret_cast<float4*>(kp.dq_accum + block * Traits::kDqBlockFloats);

@@ -30,9 +30,12 @@ using namespace cute;
 
 // kVarlen_: the instantiation for varlen calls (per-sequence rows, tails zeroed in shared
 // memory, dK and dV of a key block that reaches past its sequence stored without TMA).
-template <class Element_, int kHeadDim_, bool kVarlen_ = false>
+// kDeterministic_: the instantiation for deterministic calls (dQ added in a fixed key-block
+// order, bwd_dq_order.hpp); false compiles the atomics-in-any-order kernel unchanged.
+template <class Element_, int kHeadDim_, bool kVarlen_ = false, bool kDeterministic_ = false>
 struct BwdTraits {
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kDeterministic = kDeterministic_;
   using Element = Element_;
   static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_);
   static_assert(kTile.head_dim == kHeadDim_, "head dim must be an sm90 backward tile entry");
@@ -184,6 +187,11 @@ struct BwdTraits {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+    // Deterministic d128 only: the dQ stages' full and empty barriers between the consumers
+    // and the dQ writer thread (bwd_mainloop.hpp). Unused otherwise; they sit in the tail
+    // padding of the 1024-byte alignment, so the storage's size does not change.
+    alignas(8) std::uint64_t dq_full[kStages];
+    alignas(8) std::uint64_t dq_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");

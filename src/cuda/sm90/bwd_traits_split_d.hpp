@@ -31,9 +31,13 @@ using namespace cute;
 
 // kVarlen_: the instantiation for varlen calls (per-sequence rows, tails zeroed in shared
 // memory, dK and dV of a key block that reaches past its sequence stored without TMA).
-template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
+// kDeterministic_: the instantiation for deterministic calls (dQ added in a fixed key-block
+// order, bwd_dq_order.hpp); false compiles the atomics-in-any-order kernel unchanged.
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
+          bool kDeterministic_ = false>
 struct BwdTraitsSplitD {
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kDeterministic = kDeterministic_;
   using Element = Element_;
   static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim_, kHeadDimV_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_ && kTile.split_d,
