@@ -453,7 +453,8 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         ? sm80::decode_splits(params, sm80::decode_tile_of(k), dev.sm_count)
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
-  const int cluster_splits = sm90::decode_cluster_splits(plan.num_splits, plan.splits_optional);
+  const int cluster_splits = sm90::decode_cluster_splits(
+      plan.num_splits, plan.splits_optional, k.dtype == ElementType::fp8_e4m3);
   if (cluster_splits > 0 && sm90_asked(dev, requested)) {
     if (const sm90::DecodeClusterKernel* c = sm90::find_decode_cluster_kernel(k.dtype, k.head_dim)) {
       plan.backend = Backend::cuda_sm90;
