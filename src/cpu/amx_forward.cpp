@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -47,7 +48,17 @@ constexpr int kSmallTaskRows = 128;
 constexpr int kBlockKeys = 128;
 // One bf16 part of P^T for 16 rows: [keys / 2][16] pairs.
 constexpr int kPartHalf = kBlockKeys * 16;
+constexpr int kPartsBuffer = 4 * kPartHalf;           // P^T of one strip: 2 parts x 2 halves
+constexpr int kScoreBuffer = kBlockKeys * kStrip;     // S^T of one strip
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+// A strip's share of a key block: keys [lo, hi) (32-aligned) hold every key its rows see;
+// `full`: every row sees every one of them.
+struct StripBlock {
+  int strip, rows, lo, hi;
+  std::int64_t row0;
+  bool full;
+};
 
 // Per-thread buffers, allocated outside the AMX code (see avx512_forward.cpp for why), on
 // cache lines (aligned_vector.hpp: unaligned tile rows cost 3x).
@@ -56,8 +67,8 @@ struct Workspace {
       : qt(static_cast<std::size_t>(kTaskRows) * d),
         k(static_cast<std::size_t>(kBlockKeys) * d),
         vt(static_cast<std::size_t>(dv) * kBlockKeys),
-        st(static_cast<std::size_t>(kBlockKeys) * kStrip),
-        pt(static_cast<std::size_t>(4) * kPartHalf),
+        st(static_cast<std::size_t>(2) * kScoreBuffer),
+        pt(static_cast<std::size_t>(2) * kPartsBuffer),
         ot(static_cast<std::size_t>(kTaskRows) * dv),
         o(static_cast<std::size_t>(kStrip) * dv),
         m(kTaskRows),
@@ -67,12 +78,13 @@ struct Workspace {
   AlignedVector<std::uint16_t> qt;  // per 16 rows [D / 2][16] pairs: Q^T as tile B
   AlignedVector<std::uint16_t> k;   // [keys][D] bf16, zero past the block's keys
   AlignedVector<std::uint16_t> vt;  // [Dv][keys] bf16: V^T as tile A
-  AlignedVector<float> st;          // [keys][32] one strip's scores, then fp32 probabilities
-  AlignedVector<std::uint16_t> pt;  // [high, low][rows 0-15, 16-31][keys / 2][16] pairs: P^T
+  AlignedVector<float> st;          // 2 x [keys][32] a strip's scores, then fp32 probabilities
+  AlignedVector<std::uint16_t> pt;  // 2 x [high, low][rows 0-15, 16-31][keys / 2][16] pairs: P^T
   AlignedVector<float> ot;          // per strip [Dv][32]: unnormalised output, transposed
   AlignedVector<float> o;           // [32][Dv]: one strip's output rows for the store
   AlignedVector<float> m, l;        // running row max (log2 domain, scaled) and sum
   AlignedVector<std::int32_t> seen_begin, seen_end;  // per strip row: visible keys in the block
+  std::array<StripBlock, kTaskRows / kStrip> strips;  // the strips that see the key block
 };
 
 // Rows [0, rows) of one head into dense rows of `dim` elements, zero past `rows` up to `padded`.
@@ -93,72 +105,135 @@ void copy_rows(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// S^T[keys lo..hi)[32] (32-aligned) of one strip = K Q^T, unscaled.
-void strip_scores(const std::uint16_t* k, int d, const std::uint16_t* qt, int lo, int hi,
+// The tile products of one block, issued a step at a time so that they can run from inside
+// the softmax loop of another strip: the tile unit and the vector units then work at once (one
+// after the other, the products took about half of the time and the softmax 40%). A step is
+// 4 or 8 tile products with their loads; the queue holds at most one score product (S^T of a
+// strip), then one output product (O^T += V^T P^T of another), done in that order since both
+// use all eight tiles.
+class TileQueue {
+ public:
+  // S^T[keys lo..hi)[32] (32-aligned) of one strip = K Q^T, unscaled.
+  void add_scores(const std::uint16_t* k, int d, const std::uint16_t* qt, int lo, int hi,
                   float* st) {
-  const int k_stride = d * 2;
-  constexpr int kRowBytes = kStrip * 4;
-  const std::uint16_t* b0 = qt;
-  const std::uint16_t* b1 = qt + std::int64_t{16} * d;
-  for (int c = lo; c < hi; c += 32) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    const std::uint16_t* a0 = k + std::int64_t{c} * d;
-    const std::uint16_t* a1 = a0 + std::int64_t{16} * d;
-    for (int d0 = 0; d0 < d; d0 += 32) {
-      _tile_loadd(4, a0 + d0, k_stride);
-      _tile_loadd(5, a1 + d0, k_stride);
-      _tile_loadd(6, b0 + d0 * 16, 64);
-      _tile_loadd(7, b1 + d0 * 16, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, st + c * kStrip, kRowBytes);
-    _tile_stored(1, st + c * kStrip + 16, kRowBytes);
-    _tile_stored(2, st + (c + 16) * kStrip, kRowBytes);
-    _tile_stored(3, st + (c + 16) * kStrip + 16, kRowBytes);
+    k_ = k, d_ = d, qt_ = qt, st_ = st, score_key_ = lo, score_end_ = hi, score_d_ = 0;
+    remaining_ += (hi - lo) / 32 * (d / 32);
   }
-}
-
-// O^T[Dv][32] += V^T[Dv][lo..hi) P^T[lo..hi)[32], P^T as its bf16 high part, then its low part.
-void strip_output(const std::uint16_t* vt, const std::uint16_t* pt, int lo, int hi, int dv,
+  // O^T[Dv][32] += V^T[Dv][lo..hi) P^T[lo..hi)[32], P^T as its bf16 high part, then its low
+  // part.
+  void add_output(const std::uint16_t* vt, const std::uint16_t* pt, int lo, int hi, int dv,
                   float* ot) {
-  constexpr int kRowBytes = kStrip * 4;
-  for (int c = 0; c < dv; c += 32) {
-    float* c0 = ot + c * kStrip;
-    float* c1 = c0 + 16 * kStrip;
-    _tile_loadd(0, c0, kRowBytes);
-    _tile_loadd(1, c0 + 16, kRowBytes);
-    _tile_loadd(2, c1, kRowBytes);
-    _tile_loadd(3, c1 + 16, kRowBytes);
-    const std::uint16_t* a0 = vt + std::int64_t{c} * kBlockKeys;
-    const std::uint16_t* a1 = a0 + 16 * kBlockKeys;
-    for (int k0 = lo; k0 < hi; k0 += 32) {
-      _tile_loadd(4, a0 + k0, kBlockKeys * 2);
-      _tile_loadd(5, a1 + k0, kBlockKeys * 2);
-      _tile_loadd(6, pt + k0 * 16, 64);
-      _tile_loadd(7, pt + kPartHalf + k0 * 16, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(6, pt + 2 * kPartHalf + k0 * 16, 64);
-      _tile_loadd(7, pt + 3 * kPartHalf + k0 * 16, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+    vt_ = vt, pt_ = pt, ot_ = ot, out_lo_ = lo, out_hi_ = hi, dv_ = dv, out_col_ = 0,
+    out_key_ = lo;
+    remaining_ += dv / 32 * ((hi - lo) / 32);
+  }
+  int remaining() const { return remaining_; }
+  void step() {
+    if (score_key_ < score_end_)
+      score_step();
+    else
+      output_step();
+    --remaining_;
+  }
+  void drain() {
+    while (remaining_ > 0) step();
+  }
+
+ private:
+  static constexpr int kRowBytes = kStrip * 4;
+
+  // 32 keys x 32 of D.
+  void score_step() {
+    const std::uint16_t* a0 = k_ + std::int64_t{score_key_} * d_;
+    const std::uint16_t* a1 = a0 + std::int64_t{16} * d_;
+    if (score_d_ == 0) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
     }
+    _tile_loadd(4, a0 + score_d_, d_ * 2);
+    _tile_loadd(5, a1 + score_d_, d_ * 2);
+    _tile_loadd(6, qt_ + score_d_ * 16, 64);
+    _tile_loadd(7, qt_ + 16 * d_ + score_d_ * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    score_d_ += 32;
+    if (score_d_ < d_) return;
+    float* c = st_ + score_key_ * kStrip;
+    _tile_stored(0, c, kRowBytes);
+    _tile_stored(1, c + 16, kRowBytes);
+    _tile_stored(2, c + 16 * kStrip, kRowBytes);
+    _tile_stored(3, c + 16 * kStrip + 16, kRowBytes);
+    score_d_ = 0;
+    score_key_ += 32;
+  }
+
+  // 32 output columns x 32 keys, both parts of P^T.
+  void output_step() {
+    float* c0 = ot_ + out_col_ * kStrip;
+    float* c1 = c0 + 16 * kStrip;
+    if (out_key_ == out_lo_) {
+      _tile_loadd(0, c0, kRowBytes);
+      _tile_loadd(1, c0 + 16, kRowBytes);
+      _tile_loadd(2, c1, kRowBytes);
+      _tile_loadd(3, c1 + 16, kRowBytes);
+    }
+    const std::uint16_t* a0 = vt_ + std::int64_t{out_col_} * kBlockKeys + out_key_;
+    const std::uint16_t* b = pt_ + out_key_ * 16;
+    _tile_loadd(4, a0, kBlockKeys * 2);
+    _tile_loadd(5, a0 + 16 * kBlockKeys, kBlockKeys * 2);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + kPartHalf, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(6, b + 2 * kPartHalf, 64);
+    _tile_loadd(7, b + 3 * kPartHalf, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    out_key_ += 32;
+    if (out_key_ < out_hi_) return;
     _tile_stored(0, c0, kRowBytes);
     _tile_stored(1, c0 + 16, kRowBytes);
     _tile_stored(2, c1, kRowBytes);
     _tile_stored(3, c1 + 16, kRowBytes);
+    out_key_ = out_lo_;
+    out_col_ += 32;
   }
-}
+
+  int remaining_ = 0;
+  const std::uint16_t* k_ = nullptr;
+  const std::uint16_t* qt_ = nullptr;
+  float* st_ = nullptr;
+  int d_ = 0, score_key_ = 0, score_end_ = 0, score_d_ = 0;
+  const std::uint16_t* vt_ = nullptr;
+  const std::uint16_t* pt_ = nullptr;
+  float* ot_ = nullptr;
+  int dv_ = 0, out_lo_ = 0, out_hi_ = 0, out_col_ = 0, out_key_ = 0;
+};
+
+// Spreads a queue's steps evenly over `ticks` calls of tick().
+class Pacer {
+ public:
+  Pacer(TileQueue& queue, int ticks) : queue_(queue), steps_(queue.remaining()), ticks_(ticks) {}
+  void tick() {
+    credit_ += steps_;
+    while (credit_ >= ticks_ && queue_.remaining() > 0) {
+      queue_.step();
+      credit_ -= ticks_;
+    }
+  }
+
+ private:
+  TileQueue& queue_;
+  int steps_, ticks_, credit_ = 0;
+};
 
 // Probabilities of keys 2q and 2q + 1 (16 rows each) as the tile-B pairs of P^T's two bf16
 // parts: high = p rounded to bf16, low = the rest rounded to bf16 (high + low is p to about
@@ -183,7 +258,8 @@ inline void split_pair(__m512 p0, __m512 p1, std::uint16_t* high, std::uint16_t*
 // st), updates m and l and rescales the output columns. A row that sees nothing keeps P = 0.
 void half_softmax(float* st, std::uint16_t* high, std::uint16_t* low, int lo, int hi,
                   bool masked, const std::int32_t* seen_begin, const std::int32_t* seen_end,
-                  float alpha, bool keep_fp32, float* m, float* l, float* ot, int dv) {
+                  float alpha, bool keep_fp32, float* m, float* l, float* ot, int dv,
+                  Pacer& pacer) {
   const __m512 hidden = _mm512_set1_ps(kMinusInf);
   __m512 max[4] = {hidden, hidden, hidden, hidden};
   if (!masked) {
@@ -219,6 +295,7 @@ void half_softmax(float* st, std::uint16_t* high, std::uint16_t* low, int lo, in
     const __m512 p0 = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(s), scale, base));
     const __m512 p1 = exp2_lanes(_mm512_fmsub_ps(_mm512_loadu_ps(s + kStrip), scale, base));
     split_pair(p0, p1, high + j * 16, low + j * 16);
+    pacer.tick();
     if (keep_fp32) {  // for the per-row product of the non-finite V fallback
       _mm512_storeu_ps(s, p0);
       _mm512_storeu_ps(s + kStrip, p1);
@@ -285,6 +362,11 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
     const bool v_finite =
         pack_transposed_a(v_in + k_offset(p.v_stride, seq, c0, kv_head), p.v_stride.row, cols,
                           dv, padded_cols, w.vt.data(), kBlockKeys);
+    // The strips that see some key of the block. Without the per-row fallback (below) they
+    // run as a pipeline: strip i's softmax on the vector units while the tiles compute the
+    // scores of strip i + 1 and the output of strip i - 1, from two score and two P^T buffers.
+    int active = 0;
+    bool fallback = false;
     for (int st = 0; st < strips; ++st) {
       const std::int64_t row0 = r0 + st * kStrip;
       const int strip_rows = static_cast<int>(std::min<std::int64_t>(kStrip, r0 + rows - row0));
@@ -292,50 +374,90 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
       const std::int64_t first = std::max(seen.begin, c0);
       const std::int64_t last = std::min(seen.end, c0 + cols);
       if (first >= last) continue;
-      const int lo = static_cast<int>(first - c0) / 32 * 32;
-      const int hi = (static_cast<int>(last - c0) + 31) / 32 * 32;
-      float* ot = w.ot.data() + static_cast<std::int64_t>(st) * kStrip * dv;
-      strip_scores(w.k.data(), d, w.qt.data() + static_cast<std::int64_t>(st) * kStrip * d, lo,
-                   hi, w.st.data());
-      const bool full = mask.is_full(row0, row0 + strip_rows, first, last) && lo == first - c0 &&
-                        hi == last - c0;
-      if (!full) {
-        for (int i = 0; i < kStrip; ++i) {
+      StripBlock& b = w.strips[active++];
+      b.strip = st;
+      b.row0 = row0;
+      b.rows = strip_rows;
+      b.lo = static_cast<int>(first - c0) / 32 * 32;
+      b.hi = (static_cast<int>(last - c0) + 31) / 32 * 32;
+      b.full = mask.is_full(row0, row0 + strip_rows, first, last) && b.lo == first - c0 &&
+               b.hi == last - c0;
+      fallback = fallback || !(b.full || v_finite);
+    }
+    const auto scores_of = [&](TileQueue& queue, int i) {
+      const StripBlock& b = w.strips[i];
+      queue.add_scores(w.k.data(), d, w.qt.data() + static_cast<std::int64_t>(b.strip) * kStrip * d,
+                       b.lo, b.hi, w.st.data() + i % 2 * kScoreBuffer);
+    };
+    const auto output_of = [&](TileQueue& queue, int i) {
+      const StripBlock& b = w.strips[i];
+      queue.add_output(w.vt.data(), w.pt.data() + i % 2 * kPartsBuffer, b.lo, b.hi, dv,
+                       w.ot.data() + static_cast<std::int64_t>(b.strip) * kStrip * dv);
+    };
+    TileQueue queue;
+    if (active > 0) {
+      scores_of(queue, 0);
+      queue.drain();
+    }
+    for (int i = 0; i < active; ++i) {
+      const StripBlock& b = w.strips[i];
+      float* st = w.st.data() + i % 2 * kScoreBuffer;
+      std::uint16_t* pt = w.pt.data() + i % 2 * kPartsBuffer;
+      float* ot = w.ot.data() + static_cast<std::int64_t>(b.strip) * kStrip * dv;
+      if (!fallback) {
+        if (i + 1 < active) scores_of(queue, i + 1);
+        if (i > 0) output_of(queue, i - 1);
+      }
+      if (!b.full) {
+        for (int r = 0; r < kStrip; ++r) {
           int vis_lo = 0, vis_hi = 0;  // rows past the strip see nothing
-          if (i < strip_rows) {
-            const KeyRange visible = mask.keys(row0 + i);
+          if (r < b.rows) {
+            const KeyRange visible = mask.keys(b.row0 + r);
             vis_lo = static_cast<int>(std::clamp<std::int64_t>(visible.begin - c0, 0, cols));
             vis_hi = static_cast<int>(std::clamp<std::int64_t>(visible.end - c0, 0, cols));
           }
-          w.seen_begin[i] = vis_lo;
-          w.seen_end[i] = vis_hi;
+          w.seen_begin[r] = vis_lo;
+          w.seen_end[r] = vis_hi;
         }
       }
       if (transform.softcap_log2 > 0) {
-        for (int j = lo * kStrip; j < hi * kStrip; ++j)
-          w.st[j] = p.softcap * std::tanh(w.st[j] * transform.alpha);
+        for (int j = b.lo * kStrip; j < b.hi * kStrip; ++j)
+          st[j] = p.softcap * std::tanh(st[j] * transform.alpha);
       }
-      const bool keep_fp32 = !(full || v_finite);
+      const bool keep_fp32 = !(b.full || v_finite);
+      Pacer pacer(queue, b.hi - b.lo);  // one tick per pair of keys in each half
       for (int h = 0; h < kStrip; h += 16) {
-        half_softmax(w.st.data() + h, w.pt.data() + h / 16 * kPartHalf,
-                     w.pt.data() + 2 * kPartHalf + h / 16 * kPartHalf, lo, hi, !full,
-                     w.seen_begin.data() + h, w.seen_end.data() + h, alpha, keep_fp32,
-                     w.m.data() + st * kStrip + h, w.l.data() + st * kStrip + h, ot + h, dv);
+        half_softmax(st + h, pt + h / 16 * kPartHalf, pt + 2 * kPartHalf + h / 16 * kPartHalf,
+                     b.lo, b.hi, !b.full, w.seen_begin.data() + h, w.seen_end.data() + h, alpha,
+                     keep_fp32, w.m.data() + b.strip * kStrip + h,
+                     w.l.data() + b.strip * kStrip + h, ot + h, dv, pacer);
       }
+      queue.drain();
+      if (!fallback) continue;
       if (!keep_fp32) {
-        strip_output(w.vt.data(), w.pt.data(), lo, hi, dv, ot);
-        continue;
-      }
-      // Masked keys must add nothing, not 0 * V (NaN when V holds NaN or Inf).
-      for (int i = 0; i < strip_rows; ++i) {
-        const KeyRange visible = mask.keys(row0 + i);
-        const std::int64_t begin = std::max(visible.begin, c0), end = std::min(visible.end, c0 + cols);
-        for (std::int64_t j = begin; j < end; ++j) {
-          const float pj = w.st[(j - c0) * kStrip + i];
-          const std::int64_t v_row = k_offset(p.v_stride, seq, j, kv_head);
-          for (int c = 0; c < dv; ++c) ot[c * kStrip + i] += pj * bf16_to_float(v_in[v_row + c]);
+        output_of(queue, i);
+        queue.drain();
+      } else {
+        // Masked keys must add nothing, not 0 * V (NaN when V holds NaN or Inf).
+        for (int r = 0; r < b.rows; ++r) {
+          const KeyRange visible = mask.keys(b.row0 + r);
+          const std::int64_t begin = std::max(visible.begin, c0);
+          const std::int64_t end = std::min(visible.end, c0 + cols);
+          for (std::int64_t j = begin; j < end; ++j) {
+            const float pj = st[(j - c0) * kStrip + r];
+            const std::int64_t v_row = k_offset(p.v_stride, seq, j, kv_head);
+            for (int c = 0; c < dv; ++c) ot[c * kStrip + r] += pj * bf16_to_float(v_in[v_row + c]);
+          }
         }
       }
+      if (i + 1 < active) {
+        scores_of(queue, i + 1);
+        queue.drain();
+      }
+    }
+    if (!fallback && active > 0) {
+      output_of(queue, active - 1);
+      queue.drain();
     }
   }
 
