@@ -1,16 +1,18 @@
 // The bf16 forward on AMX tiles (Sapphire Rapids and later), detected at run time; the
-// softmax runs on AVX-512 between the two tile products. Each task takes 256 (or 128) query
+// softmax runs on AVX-512 between the two tile products. Each task takes 512, 256 or 128 query
 // rows of one (batch, head) as strips of 32 and streams over key blocks of 128. Everything is
 // held transposed, keys (or output columns) down and query rows across, so that the online
 // softmax has 16 rows in the lanes of a vector and never reduces across lanes:
 //   - S^T = K Q^T: 2 x 2 tiles of 16 x 16 fp32 per 32 keys, A = K rows (a dense copy of the
 //     block), B = Q^T in the tiles' pair-interleaved (VNNI) layout, packed once per task;
 //   - lane-wise online softmax in fp32; P^T split into two bf16 parts (high + low), so that
-//     P V keeps fp32-level accuracy (one bf16 P, as GPU kernels use, lost 2^-9). Pairs of
-//     keys are what tile B wants, so P^T is written straight in the VNNI layout;
+//     P V keeps fp32-level accuracy (one bf16 P, as GPU kernels use, lost 2^-9; the two parts
+//     2^-17). Pairs of keys are what tile B wants, so P^T is written straight in the VNNI
+//     layout;
 //   - O^T += V^T P^T: O^T kept in fp32 memory, A = V^T packed once per block per task.
-// Extra memory per thread: 2 * (256 * D + 128 * (D + Dv)) + 4 * (32 * 128 + 256 * Dv +
-// 32 * Dv) bytes plus 2 * 2 * 32 * 128 (P^T): about 0.3 MiB at D = Dv = 128; nothing
+// The tile products of the neighbouring strips run from inside a strip's softmax loop
+// (TileQueue). Extra memory per thread: 2 * (512 * D + 128 * (D + Dv)) + 4 * (2 * 32 * 128 +
+// 512 * Dv + 32 * Dv) bytes plus 2 * 4 * 32 * 128 (P^T): 0.52 MiB at D = Dv = 128; nothing
 // input-sized.
 #include "cpu/amx_forward.hpp"
 
@@ -238,7 +240,8 @@ class Pacer {
 // Probabilities of keys 2q and 2q + 1 (16 rows each) as the tile-B pairs of P^T's two bf16
 // parts: high = p rounded to bf16, low = the rest rounded to bf16 (high + low is p to about
 // 2^-17). Rounding by adding half a bf16 unit to the bits: p is at most about 1 (or NaN,
-// which stays NaN), so no carry leaves the exponent.
+// which stays NaN), so no carry leaves the exponent. (One vpermt2w per part instead of the
+// shift and blend, with p cut rather than rounded, measured no faster.)
 inline void split_pair(__m512 p0, __m512 p1, std::uint16_t* high, std::uint16_t* low) {
   const __m512i half_unit = _mm512_set1_epi32(0x8000);
   const __m512i upper = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
