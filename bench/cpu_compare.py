@@ -14,6 +14,8 @@ library's own layout (flashcpp [B, N, H, D], torch [B, H, N, D]); the outputs ar
 per cell. Decode: 1 new token against a bf16 KV cache (GQA 32:8, D 128), timed as bytes of K
 and V read per second, next to the bandwidth (bytes read + written per second) of a plain copy
 (torch.Tensor.copy_) of the same bytes on the same threads.
+--clock cpu times by the process's CPU time instead of the wall clock (1 thread on a shared
+machine: time another process held the core is left out).
 flashcpp is imported as installed, or from a build tree: PYTHONPATH=<build>/python.
 """
 from __future__ import annotations
@@ -44,11 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-lengths", default="16k", help="cache lengths L for --modes decode")
     p.add_argument("--reps", type=int, default=5, help="timed calls per round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: time.perf_counter; cpu: time.process_time, the CPU time of the "
+                        "process's threads, which leaves out the time another process held the "
+                        "core (on a shared machine; with more than 1 thread it also counts the "
+                        "threads' spin-waits, so use it with --threads 1)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
-def time_rounds(fns, reps, rounds):
+def time_rounds(fns, reps, rounds, clock=time.perf_counter):
     """Per implementation: all call times (s) and the per-round medians."""
     times = {name: [] for name in fns}
     round_medians = {name: [] for name in fns}
@@ -60,9 +67,9 @@ def time_rounds(fns, reps, rounds):
         for name in order:
             ts = []
             for _ in range(reps):
-                t0 = time.perf_counter()
+                t0 = clock()
                 fns[name]()
-                ts.append(time.perf_counter() - t0)
+                ts.append(clock() - t0)
             times[name] += ts
             round_medians[name].append(statistics.median(ts))
     return times, round_medians
@@ -106,7 +113,7 @@ def attention_cells(args, torch, flashcpp, threads):
                                 "torch": lambda: torch.autograd.grad(
                                     out_t, (qt, kt, vt), dot, retain_graph=True),
                             }
-                        times, per_round = time_rounds(fns, args.reps, args.rounds)
+                        times, per_round = time_rounds(fns, args.reps, args.rounds, clock_of(args))
                         if mode == "bwd":
                             kernel = flashcpp.last_run_info().kernel
                         pairs = n * (n + 1) // 2 if causal else n * n
@@ -140,7 +147,7 @@ def decode_cells(args, torch, flashcpp, threads):
             "torch": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
             "copy": lambda: dst.copy_(src),
         }
-        times, _ = time_rounds(fns, args.reps, args.rounds)
+        times, _ = time_rounds(fns, args.reps, args.rounds, clock_of(args))
         flashcpp.attention_with_kvcache(q, kc, vc, cache_seqlens=length, backend="cpu")
         kernel = flashcpp.last_run_info().kernel
         nbytes = 2 * kc.numel() * kc.element_size()
@@ -150,6 +157,10 @@ def decode_cells(args, torch, flashcpp, threads):
                      gbs["flashcpp"] / gbs["copy"], gbs["copy"]))
         print("| " + " | ".join(fmt(x) for x in rows[-1]) + " |", flush=True)
     return rows
+
+
+def clock_of(args):
+    return time.process_time if args.clock == "cpu" else time.perf_counter
 
 
 def fmt(x):

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/params.hpp"
+#include "cpu/aligned_vector.hpp"
 #include "cpu/block_mask.hpp"
 #include "cpu/sequence.hpp"
 
@@ -53,23 +54,23 @@ class AmxBackwardBlocks {
   std::int64_t r0_ = 0, c0_ = 0;
   int rows_ = 0, cols_ = 0;
   bool q_finite_ = true, dout_finite_ = true, k_finite_ = true, full_ = true;
-  std::vector<std::uint16_t> q_, dout_;            // [kRows][D], [kRows][Dv], zero padded
-  std::vector<std::uint16_t> q_t_, dout_t_;        // Q^T, dO^T as tile B
-  std::vector<std::uint16_t> q_b_, dout_b_;        // Q, dO as tile B
-  std::vector<std::uint16_t> k_, v_;               // [kKeys][D], [kKeys][Dv], zero padded
+  AlignedVector<std::uint16_t> q_, dout_;            // [kRows][D], [kRows][Dv], zero padded
+  AlignedVector<std::uint16_t> q_t_, dout_t_;        // Q^T, dO^T as tile B
+  AlignedVector<std::uint16_t> q_b_, dout_b_;        // Q, dO as tile B
+  AlignedVector<std::uint16_t> k_, v_;               // [kKeys][D], [kKeys][Dv], zero padded
   const std::uint16_t* k_rows_ = nullptr;          // the block's K rows: in place or k_
   const std::uint16_t* v_rows_ = nullptr;
   std::int64_t ldk_ = 0, ldv_ = 0;
-  std::vector<std::uint16_t> k_b_;                 // K as tile B
-  std::vector<std::uint16_t> k_cache_;             // K as tile B, per key block of a sequence
+  AlignedVector<std::uint16_t> k_b_;                 // K as tile B
+  AlignedVector<std::uint16_t> k_cache_;             // K as tile B, per key block of a sequence
   std::vector<char> k_cache_finite_;               // per cached block
   bool cached_ = false;
   const std::uint16_t* k_b_block_ = nullptr;       // the loaded block's: k_b_ or in k_cache_
-  std::vector<float> lse_, delta_;                 // [kRows]
-  std::vector<std::int32_t> seen_begin_, seen_end_;  // per row: visible keys of the block
-  std::vector<float> st_, dst_;                    // S^T, then dP^T and dS^T: [kKeys][kRows]
+  AlignedVector<float> lse_, delta_;                 // [kRows]
+  AlignedVector<std::int32_t> seen_begin_, seen_end_;  // per row: visible keys of the block
+  AlignedVector<float> st_, dst_;                    // S^T, then dP^T and dS^T: [kKeys][kRows]
   // P^T, dS^T ([kKeys][kRows]) and dS ([kRows][kKeys]) as bf16 high parts, then low parts
-  std::vector<std::uint16_t> pt_parts_, dst_parts_, ds_parts_;
+  AlignedVector<std::uint16_t> pt_parts_, dst_parts_, ds_parts_;
 };
 
 }  // namespace flashcpp::detail::cpu

@@ -228,6 +228,67 @@ float scores_bf16(const std::uint16_t* q, const std::uint16_t* cache, const std:
   return max;
 }
 
+// scores_bf16 for 4 query heads of one KV head at once: each K row is loaded once for the
+// four (one head at a time reread the block's rows 4 times, and rows Hkv * D apart alias in
+// L1). The 16-lane partial sums go through a 4 KiB buffer to sum_lanes_16.
+template <int kChunks>
+void scores_bf16_4(const std::uint16_t* const q[4], const std::uint16_t* cache,
+                   const std::int64_t* rows, int lo, int hi, float alpha, float softcap_log2,
+                   float* const s[4], float max_out[4], const std::int64_t* prefetch_rows,
+                   int prefetch_count) {
+  __m512i q_pairs[4][kChunks];
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h)
+#pragma GCC unroll 8
+    for (int c = 0; c < kChunks; ++c) q_pairs[h][c] = _mm512_loadu_si512(q[h] + 32 * c);
+  const __m512 scale = _mm512_set1_ps(alpha);
+  __m512 max16[4];
+  for (int h = 0; h < 4; ++h) max16[h] = _mm512_set1_ps(kMinusInf);
+  alignas(64) float partial[4][16][16];
+  int j = lo;
+  for (; j + 16 <= hi; j += 16) {
+    for (int t = 0; t < 16; ++t) {
+      const std::uint16_t* k = cache + rows[j + t];
+      __m512 acc[4];
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) acc[h] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512bh kc = (__m512bh)_mm512_loadu_si512(k + 32 * c);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; ++h) acc[h] = _mm512_dpbf16_ps(acc[h], (__m512bh)q_pairs[h][c], kc);
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) _mm512_store_ps(partial[h][t], acc[h]);
+    }
+    for (int t = j; t < j + 16 && t < prefetch_count; ++t)
+      fetch_row(cache + prefetch_rows[t], 32 * kChunks);
+    for (int h = 0; h < 4; ++h) {
+      __m512 v[16];
+      for (int t = 0; t < 16; ++t) v[t] = _mm512_load_ps(partial[h][t]);
+      __m512 x = _mm512_mul_ps(sum_lanes_16(v), scale);
+      if (softcap_log2 > 0) {
+        _mm512_storeu_ps(s[h] + j, x);
+        for (int t = 0; t < 16; ++t) s[h][j + t] = softcap_log2 * std::tanh(s[h][j + t]);
+        x = _mm512_loadu_ps(s[h] + j);
+      }
+      _mm512_storeu_ps(s[h] + j, x);
+      max16[h] = _mm512_max_ps(x, max16[h]);  // returns max16 where x is NaN
+    }
+  }
+  for (int h = 0; h < 4; ++h) max_out[h] = _mm512_reduce_max_ps(max16[h]);
+  for (; j < hi; ++j) {
+    if (j < prefetch_count) fetch_row(cache + prefetch_rows[j], 32 * kChunks);
+    for (int h = 0; h < 4; ++h) {
+      const __m512 acc = dot_bf16<kChunks>(q_pairs[h], cache + rows[j]);
+      float x = _mm512_reduce_add_ps(acc) * alpha;
+      if (softcap_log2 > 0) x = softcap_log2 * std::tanh(x);
+      s[h][j] = x;
+      max_out[h] = x > max_out[h] ? x : max_out[h];
+    }
+  }
+}
+
 // Keys [begin, end) of sequence b for every query row; partial m, l, o per row into
 // partials.at(b, kv_head, split). The key blocks run outermost and the KV heads inside, so the
 // cache is read as one contiguous stream. Rows of a KV head are (new token i, query head h of
@@ -298,12 +359,34 @@ void split_task(const KVCacheParams& p, int b, std::int64_t keys, std::int64_t b
      const int hi = static_cast<int>(std::clamp<std::int64_t>(visible.end - c0, 0, cols));
      if (lo >= hi) continue;
      alignas(64) float correction[kMaxRows];
+     // Query heads in fours share each K row load (d 64 and 128).
+     const bool by_fours = bf16_dot && group % 4 == 0 && (d == 64 || d == 128);
+     float max_of[kMaxRows];
+     for (int g0 = 0; by_fours && g0 < group; g0 += 4) {
+       const std::uint16_t* q_rows[4];
+       float* s_of[4];
+       for (int h = 0; h < 4; ++h) {
+         const int head = kv_head * group + g0 + h;
+         q_rows[h] = q_raw + b * p.q_stride.batch + token * p.q_stride.row + head * p.q_stride.head;
+         s_of[h] = s_rows[g0 + h];
+       }
+       const auto* k_head = static_cast<const std::uint16_t*>(p.k) + kv_head * p.k_stride.head;
+       const int fetch = g0 == 0 && token == 0 ? next_cols : 0;  // once per head and block
+       if (d == 64)
+         scores_bf16_4<2>(q_rows, k_head, k_rows, lo, hi, transform.alpha, transform.softcap_log2,
+                          s_of, max_of + g0, k_next, fetch);
+       else
+         scores_bf16_4<4>(q_rows, k_head, k_rows, lo, hi, transform.alpha, transform.softcap_log2,
+                          s_of, max_of + g0, k_next, fetch);
+     }
      for (int g = 0; g < group; ++g) {
       const int r = token * group + g;
       float* s = s_rows[g];
       const float* q = w.q.data() + (static_cast<std::int64_t>(kv_head) * rows + r) * d;
       float max = kMinusInf;
-      if (bf16_dot) {
+      if (by_fours) {
+        max = max_of[g];
+      } else if (bf16_dot) {
         const int head = kv_head * group + g;
         const std::uint16_t* q_row =
             q_raw + b * p.q_stride.batch + token * p.q_stride.row + head * p.q_stride.head;

@@ -22,6 +22,7 @@
 
 #include <omp.h>
 
+#include "cpu/aligned_vector.hpp"
 #include "cpu/amx_backward.hpp"
 #include "cpu/amx_tiles.hpp"
 #include "cpu/avx512_forward.hpp"
@@ -355,7 +356,7 @@ struct Accumulators {
       : dq(static_cast<std::size_t>(kBlockM) * p.head_dim),
         dk(static_cast<std::size_t>((key_rows + kBlockN - 1) / kBlockN * kBlockN) * p.head_dim),
         dv(dk.size() / p.head_dim * p.head_dim_v) {}
-  std::vector<float> dq, dk, dv;
+  AlignedVector<float> dq, dk, dv;  // on cache lines: AMX tiles load and store them
 };
 
 void store_dq(const BackwardParams& p, const Sequence& seq, int head, std::int64_t r0, int rows,
