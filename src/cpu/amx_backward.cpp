@@ -33,18 +33,6 @@ constexpr int kKeys = AmxBackwardBlocks::kKeys;
 constexpr std::int64_t kPair = std::int64_t{kRows} * kKeys;  // elements of one score block
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
-// Rows [0, rows) of one head into dense rows of `dim` elements, zero past `rows` up to `padded`.
-void copy_rows(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int padded,
-               std::uint16_t* out) {
-  for (int r = 0; r < padded; ++r) {
-    std::uint16_t* dst = out + static_cast<std::int64_t>(r) * dim;
-    if (r < rows)
-      std::memcpy(dst, x + r * ldx, sizeof(std::uint16_t) * dim);
-    else
-      std::memset(dst, 0, sizeof(std::uint16_t) * dim);
-  }
-}
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
 #pragma GCC diagnostic push

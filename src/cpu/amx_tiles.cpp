@@ -1,5 +1,7 @@
 #include "cpu/amx_tiles.hpp"
 
+#include <cstring>
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -17,6 +19,17 @@ struct alignas(64) TileConfig {
 };
 
 }  // namespace
+
+void copy_rows(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int padded,
+               std::uint16_t* out) {
+  for (int r = 0; r < padded; ++r) {
+    std::uint16_t* dst = out + static_cast<std::int64_t>(r) * dim;
+    if (r < rows)
+      std::memcpy(dst, x + r * ldx, sizeof(std::uint16_t) * dim);
+    else
+      std::memset(dst, 0, sizeof(std::uint16_t) * dim);
+  }
+}
 
 bool amx_present() {
   unsigned a, b, c, d;

@@ -28,6 +28,10 @@ class TileScope {
 void pack_transposed_b(const std::uint16_t* x, std::int64_t ldx, int rows, int dim,
                        std::uint16_t* out);
 
+// Rows [0, rows) of one head into dense rows of `dim` elements, zero past `rows` up to `padded`.
+void copy_rows(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int padded,
+               std::uint16_t* out);
+
 // Rows [0, rows) of x as tile B of a product with X (B[r][c] = x[r][c]): for each 16 columns,
 // [padded_rows / 2][16] pairs (x[2q][c], x[2q + 1][c]); rows from `rows` to `padded_rows`
 // (even) are 0. Returns whether every element of the rows is finite.
