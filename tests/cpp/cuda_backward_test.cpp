@@ -503,19 +503,6 @@ TEST_P(CudaBackwardSm90, Fp16) {
 
 // ---- D != Dv ------------------------------------------------------------------------------------
 
-// The kernel name a D != Dv case must report: the sm90a backward of its dtype and the pair.
-void expect_pair_kernel(const BwdCase& c, const BwdResult& r, const std::string& pair) {
-  if (r.not_built) return;
-  const std::string prefix = std::string("sm90_bwd_") + dtype_name(c.dtype) + "_hdim" + pair + "_";
-  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << describe(c) << ": " << r.info.kernel;
-}
-
-// A case of head dims D, Dv on the backend under test.
-BwdCase pair_case(BwdCase c, int d, int dv) {
-  c.D = d;
-  c.Dv = dv;
-  return c;
-}
 
 // D != Dv (DeepSeek-style MLA prefill: D 192, Dv 128) on the 192x128 instantiation (split by
 // head dim, Q and K in the 64-byte swizzle): dq and dk [.., 192], dv [.., 128]. bf16 and
@@ -532,7 +519,7 @@ TEST_P(CudaBackwardSm90, HeadDimPair192x128) {
         c.Nq = nq;
         c.Nk = nk;
         c.causal = causal;
-        expect_pair_kernel(c, check(c), "192x128");
+        expect_pair_kernel("bwd", c, check(c), "192x128");
       }
   for (auto [hq, hkv] : {std::pair{8, 2}, {8, 1}})
     for (bool causal : {false, true}) {
@@ -570,7 +557,7 @@ TEST_P(CudaBackwardSm90, HeadDimPairVarlenPaddingStrides) {
   for (const MaskCase& m : kVarlenMasks) {
     BwdCase c = pair_case(base(), 192, 128);
     make_varlen_mixed(c, 192, m);
-    expect_pair_kernel(c, check(c), "192x128");
+    expect_pair_kernel("bwd", c, check(c), "192x128");
   }
   check_bhsd_strides(pair_case(base(), 192, 128), 192);
   for (auto [d, dv] : {std::pair{160, 96}, {136, 64}, {128, 120}}) {
@@ -580,7 +567,7 @@ TEST_P(CudaBackwardSm90, HeadDimPairVarlenPaddingStrides) {
     c.Hq = 4;
     c.Hkv = 2;
     c.causal = true;
-    expect_pair_kernel(c, check(c), "192x128");
+    expect_pair_kernel("bwd", c, check(c), "192x128");
   }
 }
 

@@ -451,19 +451,6 @@ TEST_P(CudaForwardSm90, DecodeShapeSplits) {
 
 // ---- D != Dv ------------------------------------------------------------------------------------
 
-// The kernel name a D != Dv case must report: the sm90a forward of its dtype and the pair.
-void expect_pair_kernel(const FwdCase& c, const FwdResult& r, const std::string& pair) {
-  if (r.not_built) return;
-  const std::string prefix = std::string("sm90_fwd_") + dtype_name(c.dtype) + "_hdim" + pair + "_";
-  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << describe(c) << ": " << r.info.kernel;
-}
-
-// A case of head dims D, Dv on the backend under test.
-FwdCase pair_case(FwdCase c, int d, int dv) {
-  c.D = d;
-  c.Dv = dv;
-  return c;
-}
 
 // D != Dv (DeepSeek-style MLA prefill: D 192, Dv 128) on the 192x128 instantiation: bf16 and
 // fp16, causal or not, lengths across the tile edges and long enough for the K/V rings to
@@ -479,7 +466,7 @@ TEST_P(CudaForwardSm90, HeadDimPair192x128) {
         c.Nq = nq;
         c.Nk = nk;
         c.causal = causal;
-        expect_pair_kernel(c, check(c), "192x128");
+        expect_pair_kernel("fwd", c, check(c), "192x128");
       }
   for (auto [hq, hkv] : {std::pair{8, 1}, {16, 2}})
     for (auto [wl, wr] : {std::pair{-1, -1}, {100, 7}, {17, 5}})
@@ -502,13 +489,13 @@ TEST_P(CudaForwardSm90, HeadDimPairVarlenSplitPaddingStrides) {
   for (const MaskCase& m : kVarlenMasks) {
     FwdCase c = pair_case(base(), 192, 128);
     make_varlen_mixed(c, 192, m);
-    expect_pair_kernel(c, check(c), "192x128");
+    expect_pair_kernel("fwd", c, check(c), "192x128");
   }
   for (bool causal : {false, true}) {
     FwdCase c = pair_case(base(), 192, 128);
     c.causal = causal;
     const FwdResult r = check_split_kv_forced(c, 192);
-    expect_pair_kernel(c, r, "192x128");
+    expect_pair_kernel("fwd", c, r, "192x128");
     if (!r.not_built) {
       EXPECT_NE(std::string(r.info.kernel).find("splitkv"), std::string::npos);
     }
@@ -521,7 +508,7 @@ TEST_P(CudaForwardSm90, HeadDimPairVarlenSplitPaddingStrides) {
     c.Hq = 4;
     c.Hkv = 2;
     c.causal = true;
-    expect_pair_kernel(c, check(c), "192x128");
+    expect_pair_kernel("fwd", c, check(c), "192x128");
   }
   FwdCase c = pair_case(base(), 192, 128);
   check_bhsd_strides(c, 192);

@@ -719,6 +719,26 @@ inline std::string backward_skip_reason(Backend backend) {
   return "";
 }
 
+// ---- D != Dv: shared by the forward and backward suites ----
+
+// `c` with head dims D = d and Dv = dv.
+template <class Case>
+Case pair_case(Case c, int d, int dv) {
+  c.D = d;
+  c.Dv = dv;
+  return c;
+}
+
+// The kernel a D != Dv case must report: the sm90a `pass` ("fwd", "bwd") of its dtype and the
+// pair, e.g. "sm90_fwd_bf16_hdim192x128_...".
+template <class Case, class Result>
+void expect_pair_kernel(const char* pass, const Case& c, const Result& r, const std::string& pair) {
+  if (r.not_built) return;
+  const std::string prefix =
+      std::string("sm90_") + pass + "_" + dtype_name(c.dtype) + "_hdim" + pair + "_";
+  EXPECT_EQ(std::string(r.info.kernel).rfind(prefix, 0), 0u) << describe(c) << ": " << r.info.kernel;
+}
+
 }  // namespace flashcpp::cuda_test
 
 #endif  // FLASHCPP_TEST_WITH_CUDA
