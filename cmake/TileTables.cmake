@@ -1,14 +1,22 @@
 # The head dims the build instantiates come from the kernels' tile tables (the same constexpr
 # arrays the host planner and the device traits read), so adding a tile row adds its TUs.
 
-# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
-function(flashcpp_table_head_dims header table out)
+# Sets `out` to the initializer of the array `table` in `header` (comments removed), and makes
+# the header a configure dependency.
+function(flashcpp_table_body header table out)
   file(READ "${header}" _text)
   string(REGEX REPLACE "//[^\n]*" "" _text "${_text}")
   string(REGEX MATCH "${table}\\[\\] = {[^;]*};" _body "${_text}")
   if(NOT _body)
     message(FATAL_ERROR "flashcpp: no tile table ${table} in ${header}")
   endif()
+  set(${out} "${_body}" PARENT_SCOPE)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
+endfunction()
+
+# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
+function(flashcpp_table_head_dims header table out)
+  flashcpp_table_body("${header}" ${table} _body)
   string(REGEX MATCHALL "{ *[0-9]+," _entries "${_body}")
   set(_dims "")
   foreach(_entry IN LISTS _entries)
@@ -16,18 +24,12 @@ function(flashcpp_table_head_dims header table out)
     list(APPEND _dims "${_dim}")
   endforeach()
   set(${out} "${_dims}" PARENT_SCOPE)
-  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
 endfunction()
 
 # For a table whose rows start with (head_dim, head_dim_v): `square` gets the head dims of the
 # rows with head_dim == head_dim_v, `pairs` the "DxDv" names of the others (e.g. 192x128).
 function(flashcpp_table_head_dim_pairs header table square pairs)
-  file(READ "${header}" _text)
-  string(REGEX REPLACE "//[^\n]*" "" _text "${_text}")
-  string(REGEX MATCH "${table}\\[\\] = {[^;]*};" _body "${_text}")
-  if(NOT _body)
-    message(FATAL_ERROR "flashcpp: no tile table ${table} in ${header}")
-  endif()
+  flashcpp_table_body("${header}" ${table} _body)
   string(REGEX MATCHALL "{ *[0-9]+, *[0-9]+," _entries "${_body}")
   set(_square "")
   set(_pairs "")
@@ -41,7 +43,6 @@ function(flashcpp_table_head_dim_pairs header table square pairs)
   endforeach()
   set(${square} "${_square}" PARENT_SCOPE)
   set(${pairs} "${_pairs}" PARENT_SCOPE)
-  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
 endfunction()
 
 set(_tables "${CMAKE_CURRENT_LIST_DIR}/../src/cuda")
