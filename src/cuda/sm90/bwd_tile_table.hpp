@@ -35,6 +35,8 @@
 // (2 stages), P and dS 32 KB: 153 KB.
 // Host constexpr only: device code reads it at compile time.
 
+#include "cuda/sm90/tile_for_head_dims.hpp"
+
 namespace flashcpp::detail::cuda {
 
 struct Sm90BwdTile {
@@ -60,19 +62,10 @@ inline constexpr Sm90BwdTile kSm90BwdTiles[] = {
     {192, 128, 64, 64, 2, true},
 };
 
-// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v): for
-// D == Dv the smallest D == Dv row with head_dim >= D (smaller dims run zero-padded); for
-// D != Dv the smallest D != Dv row covering both. Returns {0,...} when none covers the call.
+// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v)
+// (tile_for_head_dims.hpp); {0,...} when none covers the call.
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim, int head_dim_v) {
-  const bool pair = head_dim != head_dim_v;
-  Sm90BwdTile best{0, 0, 0, 0, 0, false};
-  for (const Sm90BwdTile& t : kSm90BwdTiles)
-    if ((t.head_dim != t.head_dim_v) == pair && t.head_dim >= head_dim &&
-        t.head_dim_v >= head_dim_v &&
-        (best.head_dim == 0 || t.head_dim < best.head_dim ||
-         (t.head_dim == best.head_dim && t.head_dim_v < best.head_dim_v)))
-      best = t;
-  return best;
+  return tile_for_head_dims(kSm90BwdTiles, head_dim, head_dim_v);
 }
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) { return sm90_bwd_tile(head_dim, head_dim); }
 

@@ -21,6 +21,8 @@
 // overlap, no warp-scheduler barrier above hdim 128).
 // Host constexpr only: device code reads it at compile time.
 
+#include "cuda/sm90/tile_for_head_dims.hpp"
+
 namespace flashcpp::detail::cuda {
 
 struct Sm90FwdTile {
@@ -38,20 +40,10 @@ inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
     {192, 128, 128, 128, 2},
 };
 
-// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v): for
-// D == Dv the smallest D == Dv row with head_dim >= D (smaller dims run zero-padded: TMA fills
-// the missing columns with zeros); for D != Dv the smallest D != Dv row covering both (same
-// padding). Returns {0,...} when none covers the call.
+// The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v)
+// (tile_for_head_dims.hpp); {0,...} when none covers the call.
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim, int head_dim_v) {
-  const bool pair = head_dim != head_dim_v;
-  Sm90FwdTile best{0, 0, 0, 0, 0};
-  for (const Sm90FwdTile& t : kSm90FwdTiles)
-    if ((t.head_dim != t.head_dim_v) == pair && t.head_dim >= head_dim &&
-        t.head_dim_v >= head_dim_v &&
-        (best.head_dim == 0 || t.head_dim < best.head_dim ||
-         (t.head_dim == best.head_dim && t.head_dim_v < best.head_dim_v)))
-      best = t;
-  return best;
+  return tile_for_head_dims(kSm90FwdTiles, head_dim, head_dim_v);
 }
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_dim, head_dim); }
 
