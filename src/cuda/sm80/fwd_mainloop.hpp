@@ -2,13 +2,18 @@
 // The sm80 forward mainloop (FlashAttention-2 schedule) for one query tile: stream K and V
 // tiles through shared memory with cp.async, S = Q K^T and O += P V on mma.sync, online
 // softmax in registers. The key blocks that need the seqlen_k / diagonal / window mask run
-// first, then the unmasked band with no mask code at all.
+// first, then the unmasked band with no mask code at all. In the masked blocks only, a
+// non-finite V is kept from the rows that do not see it (fwd_non_finite_v.hpp).
+#include <cmath>
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm80/fwd_non_finite_v.hpp"
 #include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/gemm.hpp"
 
@@ -126,6 +131,16 @@ struct FwdMainloop {
     // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
     // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
     // product (the softmax waits for V_i).
+    // Masked blocks: the barrier after V_i's wait also votes on whether some thread's V_i
+    // chunks are not finite; if so, the rare path zeroes them and records their keys, and the
+    // rows that see one are made NaN after the last block (fwd_non_finite_v.hpp).
+    using NonFiniteV = FwdNonFiniteV<Traits>;
+    if (tid == 0) NonFiniteV::clear();  // before the first barrier
+    auto masked_v_barrier = [&](int n, int b) {
+      auto tVsV_b = buf(tVsV, b);
+      if (__syncthreads_or(NonFiniteV::any_in_own_chunks(tVsV_b)))
+        NonFiniteV::zero_and_record(tVsV_b, n, tid);
+    };
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const int n = block_at(i);
@@ -133,7 +148,11 @@ struct FwdMainloop {
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
-      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
+      // ... of every thread; the buffers step i - 1 read are free
+      if constexpr (kMasked && kKVStages == 2)
+        masked_v_barrier(n, b);
+      else
+        __syncthreads();
       if constexpr (kKVStages == 2) {
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), b ^ 1);
@@ -174,7 +193,11 @@ struct FwdMainloop {
 
       if constexpr (kKVStages == 1) {
         cp_async_wait<0>();  // V_i landed
-        __syncthreads();     // ... for every thread; K buffer free (S_i done everywhere)
+        // ... for every thread; K buffer free (S_i done everywhere)
+        if constexpr (kMasked)
+          masked_v_barrier(n, 0);
+        else
+          __syncthreads();
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), 0);
           cp_async_fence();
@@ -194,6 +217,12 @@ struct FwdMainloop {
     for (; i < n_total; ++i) step(i, cute::false_type{});
     // Every thread is done reading Q/K/V before the epilogue reuses shared memory.
     __syncthreads();
+    {
+      Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+      Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+      NonFiniteV::poison_rows(o_rc, c_rc, mask, m0);
+    }
   }
 };
 

@@ -8,7 +8,9 @@
 //   Epilogue   stores O and lse of a tile: operator()(...) and drain(tid) (fwd_epilogue.hpp);
 // and the mask rule (common/mask.hpp), which says which key blocks a tile visits. The shell
 // only assigns warpgroup roles and walks the scheduler's tiles:
-//   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
+//   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA,
+//                    warps 1-3 check the V of the key blocks the mask cuts
+//                    (fwd_non_finite_v.hpp);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -18,6 +20,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
+#include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -81,6 +84,9 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
     DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);
+    for (int s = 0; s < Traits::kStages; ++s)
+      cutlass::arch::ClusterTransactionBarrier::init(&ss.v_landed[s], 1);
+    ss.v_cut_loads = 0;
     cutlass::arch::fence_barrier_init();
   }
   typename Pipeline::Params pp;
@@ -130,10 +136,16 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                                   : Scheduler::next(kp, slot, gridDim.x))) {
         const Work w(kp, slot);
         if (!w.has_work()) continue;
-        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
+        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range,
+                      w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN), work, state,
                       pipeline_k, pipeline_v, ss);
         ++work;
       }
+      // Every V stage released (every cut load scanned): the scanner may stop.
+      pipeline_v.producer_tail(state);
+      FwdNonFiniteV<Traits>::end_scans(ss);
+    } else if (warp > 0) {
+      FwdNonFiniteV<Traits>::scanner(ss);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -26,6 +26,7 @@
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -63,9 +64,11 @@ struct FwdMainloop {
   // `work` counts the tiles with work this CTA has loaded before (the Q barriers' phase);
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
-  // has completed.
+  // has completed. The V of a block outside `unmasked` lands on a v_landed barrier for the
+  // scanner, which then completes the full barrier (fwd_non_finite_v.hpp).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
-                       int head, BlockRange range, int work, PipelineState& state,
+                       int head, BlockRange range, BlockRange unmasked, int work,
+                       PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
@@ -106,11 +109,28 @@ struct FwdMainloop {
                              CacheHintSm90::EVICT_LAST),
            tKgK(_, n), tKsK(_, state.index()));
     };
+    // producer_acquire, with the arrival (and the TMA) on a v_landed barrier instead of the
+    // full barrier for a cut block (this thread is the pipeline's leader, thread 0). The
+    // unmasked band is read back from shared memory: this thread runs at 24 registers, and
+    // kept in two of them it spilled (varlen: 200 B).
+    ss.v_load_band = unmasked;
     auto load_v = [&](int n) {
-      pipeline_v.producer_acquire(state);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
+      const int stage = state.index();
+      ss.pipeline_v.empty_barrier_[stage].wait(state.phase());
+      // The barrier as a 32-bit shared-memory address: a 64-bit pointer chosen from two
+      // spilled.
+      std::uint32_t landed;
+      const volatile int* const band = &ss.v_load_band.begin;  // (volatile: reloaded)
+      if (block_is_cut(n, BlockRange{band[0], band[1]})) {
+        landed = FwdNonFiniteV<Traits>::arm_landing(ss, stage);
+      } else {
+        landed = cute::cast_smem_ptr_to_uint(pipeline_v.producer_get_barrier(state));
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+            pipeline_v.producer_get_barrier(state), Traits::kVStageBytes);
+      }
+      copy(params.tma_v.with(*static_cast<std::uint64_t*>(__cvta_shared_to_generic(landed)), 0,
                              CacheHintSm90::EVICT_LAST),
-           tVgV(_, n), tVsV(_, state.index()));
+           tVgV(_, n), tVsV(_, stage));
       ++state;
     };
 
@@ -184,6 +204,10 @@ struct FwdMainloop {
                                      : NamedBarrier::kWarpScheduler0, 256);
     };
 
+    // Rows that see a non-finite V in a cut block get NaN (fwd_non_finite_v.hpp).
+    using NonFiniteV = FwdNonFiniteV<Traits>;
+    Tensor c_rc = make_tensor(tScS.data(), wgmma_acc_rowcol(tScS.layout()));
+
     PipelineState k_state = state, v_state = state;
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
@@ -226,6 +250,15 @@ struct FwdMainloop {
       ++k_state;
       score_mod(acc_s, n);
       softmax.step(s_rc, kp.scale_log2, o_scale);
+      if (block_is_cut(n + 1, unmasked)) {
+        // A NaN rescale makes the whole O row NaN from here on.
+        if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r)
+            if (rows >> r & 1) o_scale[r] = NAN;
+        }
+      }
       warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
       pipeline_v.consumer_release(v_state);
       ++v_state;
@@ -244,6 +277,17 @@ struct FwdMainloop {
     wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
     turn_end();
     warpgroup_wait<0>();
+    if (block_is_cut(range.begin, unmasked)) {
+      if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+              ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r)
+          if (rows >> r & 1) {
+            CUTE_UNROLL
+            for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+          }
+      }
+    }
     pipeline_v.consumer_release(v_state);
     ++v_state;
     state = v_state;  // == k_state: every block's K and V consumed

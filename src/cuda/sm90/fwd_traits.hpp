@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/mask.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
@@ -116,6 +117,11 @@ struct FwdTraits {
   static constexpr std::uint32_t kKStageBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
+  // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
+  // producer warpgroup, one bit per key row of a stage.
+  static constexpr int kScanThreads = 96;
+  static constexpr int kVKeyWords = (kBlockN + 31) / 32;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -143,6 +149,14 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
+    // The V scan of the cut blocks (fwd_non_finite_v.hpp): the c-th cut load lands on
+    // v_landed[c % kStages] and goes to V stage v_cut_stage[c % kStages] (-1: no more);
+    // v_cut_loads counts them (the producer thread's); the scanner's key bits per V stage.
+    alignas(8) std::uint64_t v_landed[kStages];
+    int v_cut_stage[kStages];
+    int v_cut_loads;
+    BlockRange v_load_band;  // the producer thread's current tile's unmasked key blocks
+    std::uint32_t v_bad_keys[kStages][kVKeyWords];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");

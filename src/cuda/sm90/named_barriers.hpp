@@ -26,6 +26,9 @@ enum class NamedBarrier : int {
   // stage (fwd_mainloop.hpp).
   kFwdVTail0 = kBwdDsReady,
   kFwdVTail1 = kBwdDsReady1,
+  // Forward: the producer warpgroup's scanner warps have checked a cut block's V stage
+  // (fwd_non_finite_v.hpp).
+  kFwdVScan = kBwdDsFree,
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
   kBwdEpilogueAll = kWarpScheduler0,
