@@ -8,9 +8,12 @@
 // finished with it). Per query block:
 //   S = Q K^T, dP = dO V^T                        (registers)
 //   P, dS                                         (registers, bwd_p_ds.hpp; to shared memory)
-//   dV += P^T dO,  dK += dS^T Q                   (registers; written once at the end)
-//   dQ_accum += dS K                              (fp32 atomics; skipped when deterministic,
-//                                                  where bwd_dq_kernel.hpp computes dQ)
+//   dV += P^T dO                                  (registers; written once at the end)
+//   dQ_accum += dS K                              (fp32 atomics, bwd_dq_accum_layout.hpp;
+//                                                  skipped when deterministic, where
+//                                                  bwd_dq_kernel.hpp computes dQ)
+//   dK += dS^T Q                                  (registers; written once at the end)
+// (with one Q buffer, dK before dQ: the next block's loads wait for it).
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
 #include <cmath>
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm80/bwd_dq_accum_layout.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
 #include "cuda/sm80/bwd_traits.hpp"  // ws_row
@@ -58,6 +62,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using PTile = typename Tr::PTile;
+  using DqAccum = DqAccumBlock<Tr>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   const BackwardParams& p = kp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -171,43 +176,24 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
 
-    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
-    // (stored [query][d] = [k][n]: .trans).
-    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dv, sP, kv_row0,
-                                                                            sdO, kv_col0);
-    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
-                                                                            sQ, kv_col0);
-    if constexpr (Tr::kQStages == 1 || Tr::kDoStages == 1) {
-      // One buffer: the next block's load as soon as every warp is done with this one (the
-      // dQ product below reads only dS and K), so it hides behind dQ at least.
-      if (i + 1 < n_steps) {
-        __syncthreads();
-        if constexpr (Tr::kQStages == 1) load_q_or_do(kIsQ, i + 1, 0);
-        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
-      }
-      cp_async_commit();
-    }
-    if (atomic_dq) {
-      // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
-      // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
-      // sequence and columns past the real head dim are not written.
-      float* const dq_rows = kp.dq_accum + ws0 * D;
-      // The common case, uniform over the CTA: the head dim is the instantiated one and the
-      // block lies inside the sequence.
-      const bool dq_whole = D == Tr::kHeadDim && m0 + BM <= sq;
+    // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
+    // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). A whole block goes in
+    // fragment order (bwd_dq_accum_layout.hpp: each atomic instruction one 128-byte line);
+    // otherwise row-major, rows past the sequence and columns past the real head dim dropped.
+    auto add_dq = [&] {
+      if (!atomic_dq) return;
+      const bool fragment_order = DqAccum::fragment_order(D, m0, sq);
 #pragma unroll
-      for (int chunk = 0; chunk < Tr::kDqNT / Tr::kDqChunkNT; ++chunk) {
+      for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
         const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
         float acc_dq[Tr::kDqMT][Tr::kDqChunkNT][4];
         clear_acc(acc_dq);
         warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
             acc_dq, sdS, q_row0, sK, col0);
-        if (dq_whole) {
-          // Every element in range: one address per thread, the rest compile-time offsets
-          // from it (no per-element address arithmetic or branch, and no register reuse
-          // that would make each atomic wait for the previous one to read its address).
-          float* const base = dq_rows + std::int64_t(m0 + q_row0 + acc_row(0, 0)) * Tr::kHeadDim +
-                              col0 + acc_col(0, 0);
+        if (fragment_order) {
+          // One address per thread, the rest compile-time offsets from it.
+          float* const base = kp.dq_accum + (ws0 + m0) * Tr::kHeadDim +
+                              DqAccum::lane_offset(warp, threadIdx.x & 31, chunk);
 #pragma unroll
           for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
@@ -216,10 +202,10 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
               for (int nt = 0; nt < Tr::kDqChunkNT; ++nt)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2)
-                  atomicAdd(base + (mt * 16 + h * 8) * Tr::kHeadDim + nt * 8 + e2,
-                            acc_dq[mt][nt][2 * h + e2]);
+                  atomicAdd(base + DqAccum::value(mt, h, nt, e2) * 32, acc_dq[mt][nt][2 * h + e2]);
           continue;
         }
+        float* const dq_rows = kp.dq_accum + ws0 * D;
 #pragma unroll
         for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
@@ -236,6 +222,36 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
               }
           }
       }
+    };
+
+    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
+    // (stored [query][d] = [k][n]: .trans). With two Q buffers, as FlashAttention-2: dV, then
+    // (one dO buffer: once every warp is done with it) the next dO load, then dQ, whose atomics
+    // drain while dK runs. With one Q buffer the next block's loads wait for dK, so they go
+    // before dQ, which reads only dS and K.
+    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dv, sP, kv_row0,
+                                                                            sdO, kv_col0);
+    if constexpr (Tr::kQStages == 2) {
+      if constexpr (Tr::kDoStages == 1) {
+        if (i + 1 < n_steps) {
+          __syncthreads();
+          load_q_or_do(kIsDo, i + 1, 0);
+        }
+        cp_async_commit();
+      }
+      add_dq();
+      warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
+                                                                              sQ, kv_col0);
+    } else {
+      warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
+                                                                              sQ, kv_col0);
+      if (i + 1 < n_steps) {
+        __syncthreads();
+        load_q_or_do(kIsQ, i + 1, 0);
+        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
+      }
+      cp_async_commit();
+      add_dq();
     }
   }
 
