@@ -39,13 +39,34 @@ template <class Tr, class Mat, int kRows, class Element>
 __device__ __forceinline__ void load_rows(Element* dst, const Element* src, std::int64_t row_stride,
                                           int rows, int cols, bool vec8) {
   constexpr int kChunks = kRows * Tr::kChunksPerRow;
+  // Rows one pass of the CTA covers: when a pass is whole rows, a multiple of 8 of them (the
+  // swizzle repeats every 8 rows), a thread keeps its column and the same swizzle on every
+  // pass, so its chunks are one shared offset and one global pointer plus fixed steps.
+  constexpr int kPassRows = Tr::kThreads / Tr::kChunksPerRow;
+  constexpr bool kFixedColumn =
+      Tr::kThreads % Tr::kChunksPerRow == 0 && (!Mat::kSwizzled || kPassRows % 8 == 0);
   if (vec8) {
+    if constexpr (kFixedColumn) {
+      const int r0 = int(threadIdx.x) / Tr::kChunksPerRow;
+      const int c = int(threadIdx.x) % Tr::kChunksPerRow * 8;
+      Element* const d = dst + Mat::offset(r0, c);
+      const Element* s = src + r0 * row_stride + c;
+      const std::int64_t pass_stride = row_stride * kPassRows;
+      const bool col_ok = c < cols;
 #pragma unroll
-    for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
-      const int idx = it * Tr::kThreads + int(threadIdx.x);
-      const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
-      const bool valid = r < rows && c < cols;
-      cp_async_16(dst + Mat::offset(r, c), valid ? src + r * row_stride + c : src, valid);
+      for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+        const bool valid = col_ok && r0 + it * kPassRows < rows;
+        cp_async_16(d + it * kPassRows * Mat::kLd, valid ? s : src, valid);
+        s += pass_stride;
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+        const int idx = it * Tr::kThreads + int(threadIdx.x);
+        const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
+        const bool valid = r < rows && c < cols;
+        cp_async_16(dst + Mat::offset(r, c), valid ? src + r * row_stride + c : src, valid);
+      }
     }
   } else {
     for (int idx = threadIdx.x; idx < kRows * Tr::kHeadDim; idx += Tr::kThreads) {
@@ -93,11 +114,10 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                            p.v_stride.row, rows_k, D, kp.vec8);
   cp_async_commit();
 
-  // Q (kQ) or dO (!kQ) of step i into its buffer `stage`.
-  auto load_q_or_do = [&](auto is_q, int i, int stage) {
+  // Q (kQ) or dO (!kQ) of query head hq, query block m_block into its buffer `stage`.
+  auto load_q_or_do = [&](auto is_q, int hq, int m_block, int stage) {
     constexpr bool kQ = decltype(is_q)::value;
-    const int hq = hk * group + i / n_m;
-    const int m0 = (m_range.begin + i % n_m) * BM;
+    const int m0 = m_block * BM;
     const int rows_q = sq - m0 < BM ? sq - m0 : BM;
     const Strides& st = kQ ? p.q_stride : p.dout_stride;
     load_rows<Tr, QTile, BM>(smem + (kQ ? Tr::kOffQ : Tr::kOffDO) + stage * QTile::kElems,
@@ -108,8 +128,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   constexpr std::true_type kIsQ{};
   constexpr std::false_type kIsDo{};
   if (n_steps > 0) {
-    load_q_or_do(kIsQ, 0, 0);
-    load_q_or_do(kIsDo, 0, 0);
+    load_q_or_do(kIsQ, hk * group, m_range.begin, 0);
+    load_q_or_do(kIsDo, hk * group, m_range.begin, 0);
   }
   cp_async_commit();
 
@@ -128,12 +148,16 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
+  // Steps go head-major: the query blocks of head hk * group, then of the next head, ...
+  int hq = hk * group, m_block = m_range.begin;
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
     const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
-    const int hq = hk * group + i / n_m;
-    const int m_block = m_range.begin + i % n_m;
     const int m0 = m_block * BM;
+    // The next step's (query head, query block), for the loads ahead.
+    const bool last_block = m_block + 1 == m_range.end;
+    const int next_hq = last_block ? hq + 1 : hq;
+    const int next_m_block = last_block ? m_range.begin : m_block + 1;
     const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
     const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
@@ -154,8 +178,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
     // Two buffers: the next block's loads go to the one step i - 1 read.
     if (i + 1 < n_steps) {
-      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, i + 1, q_stage ^ 1);
-      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
+      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, next_hq, next_m_block, q_stage ^ 1);
+      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, next_hq, next_m_block, do_stage ^ 1);
     }
     cp_async_commit();
 
@@ -235,7 +259,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       if constexpr (Tr::kDoStages == 1) {
         if (i + 1 < n_steps) {
           __syncthreads();
-          load_q_or_do(kIsDo, i + 1, 0);
+          load_q_or_do(kIsDo, next_hq, next_m_block, 0);
         }
         cp_async_commit();
       }
@@ -247,12 +271,14 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                                                                               sQ, kv_col0);
       if (i + 1 < n_steps) {
         __syncthreads();
-        load_q_or_do(kIsQ, i + 1, 0);
-        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
+        load_q_or_do(kIsQ, next_hq, next_m_block, 0);
+        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, next_hq, next_m_block, 0);
       }
       cp_async_commit();
       add_dq();
     }
+    hq = next_hq;
+    m_block = next_m_block;
   }
 
   cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
