@@ -154,10 +154,11 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
     const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
     const int m0 = m_block * BM;
-    // The next step's (query head, query block), for the loads ahead.
-    const bool last_block = m_block + 1 == m_range.end;
-    const int next_hq = last_block ? hq + 1 : hq;
-    const int next_m_block = last_block ? m_range.begin : m_block + 1;
+    // Q or dO of the next step (query head, query block) into buffer `stage`.
+    auto load_next = [&](auto is_q, int stage) {
+      const bool last_block = m_block + 1 == m_range.end;
+      load_q_or_do(is_q, last_block ? hq + 1 : hq, last_block ? m_range.begin : m_block + 1, stage);
+    };
     const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
     const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
@@ -178,8 +179,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
     // Two buffers: the next block's loads go to the one step i - 1 read.
     if (i + 1 < n_steps) {
-      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, next_hq, next_m_block, q_stage ^ 1);
-      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, next_hq, next_m_block, do_stage ^ 1);
+      if constexpr (Tr::kQStages == 2) load_next(kIsQ, q_stage ^ 1);
+      if constexpr (Tr::kDoStages == 2) load_next(kIsDo, do_stage ^ 1);
     }
     cp_async_commit();
 
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       if constexpr (Tr::kDoStages == 1) {
         if (i + 1 < n_steps) {
           __syncthreads();
-          load_q_or_do(kIsDo, next_hq, next_m_block, 0);
+          load_next(kIsDo, 0);
         }
         cp_async_commit();
       }
@@ -271,14 +272,16 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                                                                               sQ, kv_col0);
       if (i + 1 < n_steps) {
         __syncthreads();
-        load_q_or_do(kIsQ, next_hq, next_m_block, 0);
-        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, next_hq, next_m_block, 0);
+        load_next(kIsQ, 0);
+        if constexpr (Tr::kDoStages == 1) load_next(kIsDo, 0);
       }
       cp_async_commit();
       add_dq();
     }
-    hq = next_hq;
-    m_block = next_m_block;
+    if (++m_block == m_range.end) {
+      m_block = m_range.begin;
+      ++hq;
+    }
   }
 
   cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
