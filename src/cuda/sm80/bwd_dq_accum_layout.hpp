@@ -14,6 +14,8 @@ namespace flashcpp::detail::cuda::sm80::bwd {
 
 template <class Tr>
 struct DqAccumBlock {
+  static_assert(Tr::kDqChunks * Tr::kWarps * Tr::kDqVals * 32 == Tr::kBlockM * Tr::kHeadDim,
+                "the lanes' values fill the block exactly once");
   // The block of query rows [m0, m0 + kBlockM) of a sequence of sq rows is in fragment order.
   __device__ __forceinline__ static bool fragment_order(int head_dim, int m0, int sq) {
     return head_dim == Tr::kHeadDim && m0 + Tr::kBlockM <= sq;
