@@ -69,10 +69,12 @@ __device__ __forceinline__ void load_rows(Element* dst, const Element* src, std:
       }
     }
   } else {
-    for (int idx = threadIdx.x; idx < kRows * Tr::kHeadDim; idx += Tr::kThreads) {
-      const int r = idx / Tr::kHeadDim, c = idx % Tr::kHeadDim;
-      dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
-    }
+    // Rare (rows not 16-byte aligned): row by row, so that no index arithmetic of this path
+    // is hoisted into the common one.
+#pragma unroll 1
+    for (int r = 0; r < kRows; ++r)
+      for (int c = threadIdx.x; c < Tr::kHeadDim; c += Tr::kThreads)
+        dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
   }
 }
 
