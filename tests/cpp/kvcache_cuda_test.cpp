@@ -258,11 +258,16 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   full.softcap = 20.0f;
   full.with_lse = false;
   check_gpu(full, "_fwd_");
-  // D != Dv (MLA chunked prefill, D 192 / Dv 128): the sm90a pair kernel on Hopper (the GPU
-  // workflow builds 192x128), the decode kernel elsewhere.
+  // D != Dv (MLA chunked prefill, D 192 / Dv 128): the sm90a pair kernel on Hopper when the
+  // build has it (the GPU workflow builds 192x128), the decode kernel otherwise.
   KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 0);
   mla.head_dim_v = 128;
-  check_gpu(mla, hopper ? "sm90_fwd_bf16_hdim192x128" : "decode");
+#ifdef FLASHCPP_TEST_PAIR_192X128
+  const bool pair_built = true;
+#else
+  const bool pair_built = false;
+#endif
+  check_gpu(mla, hopper && pair_built ? "sm90_fwd_bf16_hdim192x128" : "decode");
   KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
   sm80.backend = Backend::cuda_sm80;
   check_gpu(sm80, "sm80_fwd");
