@@ -216,7 +216,6 @@ struct FwdMainloop {
 
     // Rows that see a non-finite V in a cut block get NaN (fwd_non_finite_v.hpp).
     using NonFiniteV = FwdNonFiniteV<Traits>;
-    Tensor c_rc = make_tensor(tScS.data(), wgmma_acc_rowcol(tScS.layout()));
 
     PipelineState k_state = state, v_state = state;
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
