@@ -28,6 +28,21 @@ __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   return (t & 0x80008000u) != 0;
 }
 
+// Whether a 16-byte chunk of 16-bit values holds a NaN (Inf does not count): |x| above the
+// all-ones exponent with a zero mantissa, lane by lane.
+template <class Element>
+__device__ __forceinline__ bool chunk_has_nan(uint4 c) {
+  static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kInf = kHalf ? 0x7c00u : 0x7f80u;
+  const std::uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) nan |= (w[i] & 0x7fffu) > kInf || (w[i] >> 16 & 0x7fffu) > kInf;
+  return nan;
+}
+
 // Whether one of a 16-byte chunk's sixteen e4m3 (fn) values is NaN, the format's only
 // non-finite value: |x| = 0x7f. 0x7f + 1 sets bit 7 of exactly those bytes (|x| <= 0x7f: no
 // carry into the next byte).

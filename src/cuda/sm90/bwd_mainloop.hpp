@@ -41,6 +41,7 @@
 #include "cuda/sm90/bulk_reduce.hpp"
 #include "cuda/sm90/bwd_dq_order.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -217,6 +218,23 @@ struct BwdMainloop {
             }
             return x;
           };
+          // A cut tile (bwd_non_finite.hpp): dS = 0 at the hidden pairs whatever dP and dsum
+          // hold (the key windows recomputed: kept live across the dP^T wait they cost
+          // registers); the products after this read Q, dO and K, so wait until they are
+          // clean; a zeroed dO row's dsum is not finite: 0 * dS makes its P NaN at the pairs
+          // it sees, so dV of those keys stays NaN.
+          auto select_ds = [&] {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) dp_rc(r, c) = keep(r, c, dp_rc(r, c));
+            }
+            if (BwdNonFinite<Traits>::wait_clean(ss, state)) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) += 0.f * acc_dp(i);
+            }
+          };
           // The statistics are loaded before the accumulator waits: shared memory is busy with
           // wgmma operands and TMA writes, and a load issued after the wait put its whole
           // latency in front of the first exponential (the consumers' most sampled stall in
@@ -272,6 +290,7 @@ struct BwdMainloop {
                 }
             }
           }
+          if constexpr (kMasked) select_ds();
         };
         // Only tiles crossing a band edge or a sequence end carry the per-element mask.
         if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))

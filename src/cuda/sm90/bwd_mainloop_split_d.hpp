@@ -24,6 +24,7 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
@@ -177,6 +178,19 @@ struct BwdMainloopSplitD {
             }
             return x;
           };
+          // A cut tile: as in bwd_mainloop.hpp (bwd_non_finite.hpp).
+          auto select_ds = [&] {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              mask.row_window(m0 + get<0>(cS_rc(r, 0)), n0, kBlockN, first[r], last[r]);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) dp_rc(r, c) = keep(r, c, dp_rc(r, c));
+            }
+            if (BwdNonFinite<Traits>::wait_clean(ss, state)) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) += 0.f * acc_dp(i);
+            }
+          };
           warpgroup_wait<1>();  // S done; dP still running
           warpgroup_fence_operand(acc_s);
           if (!has_softcap) {
@@ -207,6 +221,7 @@ struct BwdMainloopSplitD {
                 dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t);
               }
           }
+          if constexpr (kMasked) select_ds();
         };
         if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
           probabilities_and_ds(std::false_type{});
