@@ -155,8 +155,8 @@ struct BwdNonFinite {
       cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
       zero_chunks<true>(ss.k.data(), q_side ? 0 : kKChunks / 2,
                         q_side ? kKChunks / 2 : kKChunks, lane);
-      arrive_after_fence(&st.k_clean);
     }
+    arrive_after_fence(&st.k_clean);  // (in every CTA: no consumer may wait forever on it)
     constexpr int kQChunks = kStageElems<typename Traits::SmemLayoutQ> / 8;
     constexpr int kDoChunks = kStageElems<typename Traits::SmemLayoutDo> / 8;
     static_assert(kQChunks % 64 == 0 && kDoChunks % 64 == 0);
