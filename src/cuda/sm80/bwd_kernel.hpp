@@ -190,6 +190,12 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
 
     cp_async_wait<0>();  // this step's Q and dO (and, the first time, K and V) landed
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
+    // A step the mask cuts: whether this thread's share of Q and dO holds NaN or Inf, voted
+    // on at the P/dS barrier below (bwd_non_finite.hpp).
+    const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);
+    using QChunks = OwnChunks<QTile, BM, Tr::kHeadDim, Tr::kThreads>;
+    const bool q_do_bad =
+        cut && (QChunks::template any<false>(sQ) || QChunks::template any<false>(sdO));
     // Two buffers: the next block's loads go to the one step i - 1 read.
     if (i + 1 < n_steps) {
       if constexpr (Tr::kQStages == 2) load_next(kIsQ, q_stage ^ 1);
@@ -208,16 +214,13 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
-    const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);
     if (cut) mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     // P and dS of the whole block are in shared memory. A cut step also votes on whether its
     // Q or dO holds NaN or Inf; the rare path cleans them (bwd_non_finite.hpp).
     if (cut) {
-      using QChunks = OwnChunks<QTile, BM, Tr::kHeadDim, Tr::kThreads>;
-      if (__syncthreads_or(QChunks::template any<false>(sQ) ||
-                           QChunks::template any<false>(sdO)))
+      if (__syncthreads_or(q_do_bad))
         clean_cut_step<Tr>(const_cast<Element*>(sQ), const_cast<Element*>(sdO), sP, sdS);
     } else {
       __syncthreads();

@@ -4,9 +4,10 @@
 // hold), but the products still multiply those zeros by the pair's rows (0 * NaN = 0 * Inf =
 // NaN): dV += P^T dO and dK += dS^T Q by the query's dO and Q rows, dQ += dS K by the key's K
 // row. So, in the cut blocks only:
-//  - main kernel, each step the mask cuts: after P and dS are stored, every thread looks at
-//    its share of the Q and dO chunks, and the barrier that publishes P and dS becomes a vote
-//    (__syncthreads_or). Almost always nobody found one. Otherwise the rare path zeroes the
+//  - main kernel, each step the mask cuts: every thread looks at its share of the Q and dO
+//    chunks once they have landed (before the products, where fewer registers are live), and
+//    the barrier that publishes P and dS becomes a vote (__syncthreads_or). Almost always
+//    nobody found one. Otherwise the rare path zeroes the
 //    non-finite chunks and adds 0 * dS to P in shared memory: a row whose dO was zeroed has a
 //    non-finite dsum, hence a non-finite dS at the pairs it sees, so dV of those keys stays
 //    NaN (a non-finite q row needs nothing: its lse is NaN, so are its visible P);
