@@ -20,16 +20,15 @@
 // Inf in K is left as it is: a key whose score is -Inf (weight 0) for a row that sees it would
 // get a wrong finite P if zeroed, so an Inf k at a hidden pair still reaches dq
 // (docs/semantics.md).
-// How the scanners follow the tiles: the producer thread lands every Q and dO on the scanners'
-// landed barriers (one per ring stage) instead of the rings' full barriers. The scanners walk
-// the same (head, query block) sequence: each completes its full barrier as soon as its tile
-// has landed, scans it if the mask cuts it, and arrives on the stage's clean barrier (both
-// scanners, every tile), which the consumers wait for on the cut tiles only. The extra hop
-// hides behind the ring's prefetch; the consumers run the uncut tiles as before.
-// Phases: a stage's landed barrier is armed again only after the consumers released the
-// stage, i.e. waited on its full barrier, which the scanners completed after their wait; its
-// clean barrier completes again only after that new landing, so a consumer waiting on a cut
-// tile's clean barrier is never a phase behind.
+// How the scanners follow the tiles: the producer loads as before, onto the rings' full
+// barriers; the scanners walk the same (head, query block) sequence, wait on each full
+// barrier, pass the stage on to the consumers at once (q_ready, do_ready, which the consumers
+// wait on instead of the full barriers), scan it if the mask cuts it, and arrive on the
+// stage's clean barrier (both scanners, every tile), which the consumers wait for on the cut
+// tiles only. The extra hop hides behind the ring's prefetch.
+// Phases: a stage's full barrier completes again only after the consumers released the stage,
+// i.e. waited on its ready barrier, which the scanner arrived on after its wait; its clean
+// barrier completes again only after that, so nobody waits a phase behind.
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -44,8 +43,8 @@ namespace flashcpp::detail::cuda::sm90 {
 template <int kStages>
 struct BwdNonFiniteStorage {
   alignas(8) std::uint64_t k_clean;             // K's NaN chunks zeroed (both scanners)
-  alignas(8) std::uint64_t q_landed[kStages];   // a ring stage's Q (+ lse) landed
-  alignas(8) std::uint64_t do_landed[kStages];  // ... its dO (+ dsum)
+  alignas(8) std::uint64_t q_ready[kStages];    // a ring stage's Q (+ lse) for the consumers
+  alignas(8) std::uint64_t do_ready[kStages];   // ... its dO (+ dsum)
   alignas(8) std::uint64_t clean[kStages];      // ... its Q and dO cleaned (both scanners)
   std::uint32_t do_zeroed[kStages];             // ... its dO had a non-finite chunk
 };
@@ -63,29 +62,24 @@ struct BwdNonFinite {
     auto& st = ss.non_finite;
     cutlass::arch::ClusterBarrier::init(&st.k_clean, 2);
     for (int s = 0; s < kStages; ++s) {
-      cutlass::arch::ClusterTransactionBarrier::init(&st.q_landed[s], 1);
-      cutlass::arch::ClusterTransactionBarrier::init(&st.do_landed[s], 1);
+      cutlass::arch::ClusterBarrier::init(&st.q_ready[s], 1);
+      cutlass::arch::ClusterBarrier::init(&st.do_ready[s], 1);
       cutlass::arch::ClusterBarrier::init(&st.clean[s], 2);
     }
   }
 
-  // Producer thread: producer_acquire of the Q (dO) ring, with the arrival on the stage's
-  // landed barrier, armed for the stage's bytes; returns that barrier for the loads.
-  __device__ static std::uint64_t* acquire_q(SharedStorage& ss, const PipelineState& state) {
-    ss.pipeline_q.empty_barrier_[state.index()].wait(state.phase());
-    std::uint64_t* const landed = &ss.non_finite.q_landed[state.index()];
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(landed, Traits::kQStageBytes);
-    return landed;
+  // ---- consumers ----
+
+  // Instead of the rings' consumer_wait: a stage's Q (dO) is theirs once a scanner has seen it
+  // land.
+  __device__ static void wait_q(SharedStorage& ss, const PipelineState& state) {
+    cutlass::arch::ClusterBarrier::wait(&ss.non_finite.q_ready[state.index()], state.phase());
   }
-  __device__ static std::uint64_t* acquire_do(SharedStorage& ss, const PipelineState& state) {
-    ss.pipeline_do.empty_barrier_[state.index()].wait(state.phase());
-    std::uint64_t* const landed = &ss.non_finite.do_landed[state.index()];
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(landed,
-                                                                   Traits::kDoStageBytes);
-    return landed;
+  __device__ static void wait_do(SharedStorage& ss, const PipelineState& state) {
+    cutlass::arch::ClusterBarrier::wait(&ss.non_finite.do_ready[state.index()], state.phase());
   }
 
-  // ---- consumers, on a cut tile in ring stage `stage` (full barriers waited for) ----
+  // On a cut tile, after wait_q and wait_do:
 
   // Waits until the tile's Q and dO and the key block's K are clean; returns whether the dO
   // had a non-finite chunk.
@@ -160,20 +154,18 @@ struct BwdNonFinite {
     constexpr int kQChunks = kStageElems<typename Traits::SmemLayoutQ> / 8;
     constexpr int kDoChunks = kStageElems<typename Traits::SmemLayoutDo> / 8;
     static_assert(kQChunks % 64 == 0 && kDoChunks % 64 == 0);
-    std::uint64_t* const landed = q_side ? st.q_landed : st.do_landed;
     PipelineState state;  // consumer states start at phase 0
 #pragma unroll 1
     for (int t = 0; t < group * (m_range.end - m_range.begin); ++t) {
       const int m = m_range.begin + t % (m_range.end - m_range.begin);
       const int stage = state.index();
-      cutlass::arch::ClusterTransactionBarrier::wait(&landed[stage], state.phase());
+      if (q_side)
+        ss.pipeline_q.full_barrier_[stage].wait(state.phase());
+      else
+        ss.pipeline_do.full_barrier_[stage].wait(state.phase());
       // The consumers may start now: S^T and dP^T may read the chunks being zeroed (above).
-      if (lane == 0) {
-        if (q_side)
-          ss.pipeline_q.full_barrier_[stage].arrive();
-        else
-          ss.pipeline_do.full_barrier_[stage].arrive();
-      }
+      if (lane == 0)
+        cutlass::arch::ClusterBarrier::arrive(q_side ? &st.q_ready[stage] : &st.do_ready[stage]);
       if (m < begin || m >= end) {
         if (q_side) {
           zero_chunks<false>(ss.q.data() + stage * kQChunks * 8, 0, kQChunks, lane);

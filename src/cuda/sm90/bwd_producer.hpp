@@ -8,8 +8,6 @@
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
 // matches; a key block that no query sees is skipped by both before any barrier is touched.
 // Q and dO share one PipelineState: stage i of both rings holds the same query block.
-// Q and dO land on the scanners' barriers, which complete the rings' full barriers
-// (bwd_non_finite.hpp).
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -18,7 +16,6 @@
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/tma_extents.hpp"
-#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -98,12 +95,14 @@ struct BwdProducer {
       const std::int64_t stats_row = (std::int64_t(batch) * p.heads_q + head) * num_m_blocks;
       for (int m = m_range.begin; m < m_range.end; ++m) {
         const std::int64_t stats = (stats_row + m) * kBlockM;
-        std::uint64_t* const q_full = BwdNonFinite<Traits>::acquire_q(ss, state);
+        pipeline_q.producer_acquire(state);
+        auto* q_full = pipeline_q.producer_get_barrier(state);
         copy(params.tma_q.with(*q_full, 0, CacheHintSm90::EVICT_LAST), tQgQ(_, m),
              tQsQ(_, state.index()));
         SM90_BULK_COPY_G2S::copy(params.kp.lse_log2 + stats, q_full, ss.lse_log2[state.index()],
                                  Traits::kStatsBytes);
-        std::uint64_t* const do_full = BwdNonFinite<Traits>::acquire_do(ss, state);
+        pipeline_do.producer_acquire(state);
+        auto* do_full = pipeline_do.producer_get_barrier(state);
         copy(params.tma_do.with(*do_full, 0, CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
              tdOsdO(_, state.index()));
         SM90_BULK_COPY_G2S::copy(params.kp.dsum + stats, do_full, ss.dsum[state.index()],
