@@ -79,10 +79,8 @@ struct BwdNonFinite {
     cutlass::arch::ClusterBarrier::wait(&ss.non_finite.do_ready[state.index()], state.phase());
   }
 
-  // On a cut tile, after wait_q and wait_do:
-
-  // Waits until the tile's Q and dO and the key block's K are clean; returns whether the dO
-  // had a non-finite chunk.
+  // On a cut tile, after wait_q and wait_do: waits until the tile's Q and dO and the key
+  // block's K are clean; returns whether the dO had a non-finite chunk.
   __device__ static bool wait_clean(SharedStorage& ss, const PipelineState& state) {
     auto& st = ss.non_finite;
     cutlass::arch::ClusterBarrier::wait(&st.clean[state.index()], state.phase());
