@@ -190,11 +190,26 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
         }
       }
       if constexpr (kPaged) next_entry = table_entry(blk + 1);
+      if constexpr (kFp8) {
+        // Instruction-bound: the source steps by the row stride, and a copy that may not read
+        // (past the length, an unused page, the head-dim padding) copies 0 bytes, which
+        // reads nothing, so its address needs no replacing.
+        const Cache* k_src = k_head + k_row0;
+        const Cache* v_src = v_head + v_row0;
 #pragma unroll
-      for (int j = 0; j < kRowsPerThread; ++j) {
-        const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
-        cp_async_16(sk + kv_slot(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
-        cp_async_16(sv + kv_slot(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          cp_async_16(sk + kv_slot(row_base + j, chunk), k_src, j < rows && k_col);
+          cp_async_16(sv + kv_slot(row_base + j, chunk), v_src, j < rows && v_col);
+          k_src += ks.row;
+          v_src += vs.row;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
+          cp_async_16(sk + kv_slot(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
+          cp_async_16(sv + kv_slot(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+        }
       }
     } else if constexpr (kPaged) {
       // Pages whose size is not a multiple of kRowsPerThread: each row looks up its own page.
