@@ -453,14 +453,17 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         ? sm80::decode_splits(params, sm80::decode_tile_of(k), dev.sm_count)
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
-  const int cluster_splits = sm90::decode_cluster_splits(
-      plan.num_splits, plan.splits_optional, k.dtype == ElementType::fp8_e4m3);
-  if (cluster_splits > 0 && sm90_asked(dev, requested)) {
+  const bool fp8 = k.dtype == ElementType::fp8_e4m3;
+  const int cluster_splits =
+      sm90::decode_cluster_splits(plan.num_splits, plan.splits_optional, fp8);
+  // An fp8 cache takes the sm90a instantiation whether or not the cluster applies.
+  if ((cluster_splits > 0 || fp8) && sm90_asked(dev, requested)) {
     if (const sm90::DecodeClusterKernel* c = sm90::find_decode_cluster_kernel(k.dtype, k.head_dim)) {
       plan.backend = Backend::cuda_sm90;
       plan.kernel_index = int(c - sm90::kDecodeClusterKernels);
-      plan.num_splits = cluster_splits;
-      plan.kernel = sm90::decode_cluster_kernel_name(*c, plan.num_splits);
+      plan.decode_cluster = cluster_splits > 0;
+      if (plan.decode_cluster) plan.num_splits = cluster_splits;
+      plan.kernel = sm90::decode_cluster_kernel_name(*c, plan.num_splits, plan.decode_cluster);
     }
   }
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
@@ -497,10 +500,13 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
   fold_scales(kp);
   if (plan.backend == Backend::cuda_sm90) {
     const sm90::DecodeClusterKernel& kernel = sm90::kDecodeClusterKernels[plan.kernel_index];
-    bool ran = false;
-    launch_on_device(params.device,
-                     [&] { ran = kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-    if (ran) return {Backend::cuda_sm90, sm90::decode_cluster_kernel_name(kernel, splits), splits};
+    sm90::DecodeSm90Ran ran = sm90::DecodeSm90Ran::nothing;
+    launch_on_device(params.device, [&] {
+      ran = kernel.entry(kp, plan.decode_cluster, reinterpret_cast<cudaStream_t>(stream));
+    });
+    if (ran != sm90::DecodeSm90Ran::nothing)
+      return {Backend::cuda_sm90,
+              sm90::decode_cluster_kernel_name(kernel, splits, ran == sm90::DecodeSm90Ran::cluster), splits};
     // Unsplit after all (too little workspace) or no room for the cluster: the sm80-family
     // kernel and the combine kernel, same splits.
   }

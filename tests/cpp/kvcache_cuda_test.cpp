@@ -418,6 +418,33 @@ TEST_F(KvCacheCuda, Fp8CacheOptions) {
   check_gpu(long_seq);
 }
 
+// An fp8 cache's products run in f16, q scaled by a power of two per CTA so its largest
+// finite |q| fits (decode_fp8_fragments.hpp): queries 2^20 times larger or smaller than usual
+// (f16 alone would overflow or lose them to subnormals), and the heads of one group 2^12 apart,
+// must come out within the bf16 bound, contiguous and paged.
+TEST_F(KvCacheCuda, Fp8CacheQueryRange) {
+  for (int range : {20, -20, 0}) {
+    KvCase c = fp8_case({0, 300, 2000}, 4, 32, 4, 128, range == 0 ? 16 : 0, 2);
+    c.scale = static_cast<float>(1.0 / std::sqrt(128.0)) * std::ldexp(1.0f, -range);
+    SCOPED_TRACE("q times 2^" + std::to_string(range) + ", " + test::kv_case_name(c));
+    auto rng = test::test_rng();
+    KvTensors t(c, rng);
+    const std::vector<double> q = t.q.values();
+    for (std::int64_t i = 0; i < t.q.numel(); ++i) {
+      const int head = static_cast<int>(i / c.head_dim % c.heads_q);
+      const int e = range != 0 ? range : 12 * (head % 2) - 6;
+      t.q.set(i, std::ldexp(static_cast<float>(q[i]), e));  // exact: a power of two
+    }
+    const KvTensors before = t;
+    const KvExpected e = test::kv_oracle(c, t);
+    DeviceKv device(t);
+    device.upload(t);
+    if (!run_gpu(c, device.views(t))) continue;
+    device.download(t);
+    expect_gpu_result(c, before, t, e);
+  }
+}
+
 // What the GPU refuses for an fp8 cache, with a clear error: fp16 queries, and head dims that
 // are not multiples of 16 (a contiguous cache's rows are then not 16-byte aligned, which the
 // stride check reports first).
