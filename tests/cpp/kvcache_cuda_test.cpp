@@ -239,9 +239,10 @@ TEST_F(KvCacheCuda, Masks) {
   check_gpu(capped);
 }
 
-// Prefill with a cache (64 new tokens or more, contiguous cache): the forward kernels run the
-// call over the cache's per-sequence lengths (ForwardParams::seqused_k), the sm90a kernel on
-// Hopper and the sm80 one when asked. NaN past the lengths, a zero length, appends or not.
+// Prefill with a cache (64 new tokens or more): the forward kernels run the call over the
+// cache's per-sequence lengths (ForwardParams::seqused_k), the sm90a kernel on Hopper and the
+// sm80 one when asked; a paged cache the paged sm90a kernel. NaN past the lengths, a zero
+// length, appends or not.
 TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   // Chunked prefill with appends: GQA 4:1, bf16 d128, causal.
   const bool hopper = cuda_test::not_sm90_reason().empty();
@@ -271,8 +272,44 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
   sm80.backend = Backend::cuda_sm80;
   check_gpu(sm80, "sm80_fwd");
-  // A paged cache stays on the decode kernel.
-  check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64), "decode");
+  // A paged cache: the paged sm90a forward on Hopper (pages of a multiple of 16 keys).
+  check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64),
+            hopper ? "sm90_fwd_bf16_hdim128_128x128_s2_ws_paged" : "_");
+}
+
+// Chunked prefill into a paged cache on the forward kernels: page sizes 16, 64, 256 and 48 (a
+// multiple of 16 that is not a power of two) on the paged sm90a forward, shuffled tables, NaN
+// in unused pages, past the lengths and (-1) in the unused table slots; appends or not,
+// causal, window, softcap, no mask, GQA and MQA, zero lengths, B > 1 with different lengths,
+// lengths on and around page and key-block boundaries, a split call. Pages that hold no whole
+// 16-row box (24 keys) run the decode kernel.
+TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
+  const bool hopper = cuda_test::not_sm90_reason().empty();
+  const char* paged = hopper ? "_ws_paged" : "_";
+  KvCase p16 = gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16);
+  p16.invalid_unused_slots = true;
+  check_gpu(p16, paged);
+  check_gpu(gpu_case({127, 0, 128, 129, 1000}, 100, 8, 1, 128, DType::fp16, 64), paged);
+  KvCase p256 = gpu_case({255, 256, 0, 700}, 130, 16, 2, 128, DType::bf16, 256);
+  p256.append = false;
+  check_gpu(p256, paged);
+  KvCase p48 = gpu_case({47, 48, 49, 500, 0}, 64, 8, 2, 128, DType::bf16, 48);
+  p48.invalid_unused_slots = true;
+  check_gpu(p48, paged);
+  // Masks and options: a causal window, softcap without a mask and without lse, d64.
+  KvCase window = gpu_case({600, 3, 0, 200}, 96, 16, 4, 64, DType::fp16, 16);
+  window.window_left = 100;
+  check_gpu(window, paged);
+  KvCase capped = gpu_case({333, 0, 64}, 70, 8, 8, 128, DType::bf16, 64);
+  capped.causal = false;
+  capped.softcap = 25.0f;
+  capped.with_lse = false;
+  check_gpu(capped, paged);
+  // One long sequence and few query tiles: the heuristic splits the key blocks.
+  check_gpu(gpu_case({6000}, 64, 8, 1, 128, DType::bf16, 256),
+            hopper ? "_ws_paged_splitkv" : "_");
+  // Pages of 24 keys (no whole 16-row box): the decode kernel.
+  check_gpu(gpu_case({23, 24, 500}, 64, 8, 2, 128, DType::bf16, 24), "decode");
 }
 
 // On Hopper a split call of 2 to 8 splits merges them inside a thread-block cluster (no
