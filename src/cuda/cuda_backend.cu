@@ -259,7 +259,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,
-                         Workspace workspace) {
+                         Workspace workspace, const PagedKV& paged = {}) {
   const sm80::FwdKernel& kernel = sm80::kFwdKernels[plan.kernel_index];
   const Sm80FwdTile t = sm80_fwd_tile(kernel.head_dim);
   const int splits = splits_to_run(plan, workspace);
@@ -269,6 +269,7 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
   kp.num_splits = splits;
   kp.overlap_combine = plan.overlap_combine;
   kp.num_m_blocks = sm80::fwd_num_m_blocks(params, t);
+  kp.paged = paged;
   const int n_blocks = sm80::fwd_num_n_blocks(params, t);
   kp.n_blocks_per_split = (n_blocks + splits - 1) / splits;
   if (splits > 1) {
@@ -279,7 +280,8 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
 
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-  return {Backend::cuda_sm80, sm80::fwd_kernel_name(kernel, splits > 1), splits};
+  return {Backend::cuda_sm80,
+          sm80::fwd_kernel_name(kernel, splits > 1, paged.block_table != nullptr), splits};
 }
 
 // ---- KV-cache decode ----
@@ -321,7 +323,7 @@ PagedKV paged_kv(const KVCacheParams& p) {
 }
 
 // D != Dv (MLA chunked prefill) runs here only on an sm90a pair instantiation (plan_kvcache);
-// a paged cache only where a forward kernel takes its pages (plan_kvcache).
+// a paged cache's pages are read through its block table, whatever their stride.
 bool kvcache_runs_forward(const KVCacheParams& p) {
   if (p.num_splits > 1) return false;
   if (p.seqlen_q < kvcache_forward_min_nnew() || p.seqlen_k == 0) return false;
@@ -441,17 +443,21 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
   if (kvcache_runs_forward(params)) {
     const ForwardParams f = kvcache_forward_params(params);
     Plan plan;
-    if (params.paged()) {
-      if (sm90_asked(dev, requested) && sm90::fwd_covers_paged(f, paged_kv(params))) {
-        plan = plan_sm90_forward(f, false);
+    // A paged cache: the paged sm90a forward for pages of whole 16-row boxes, the paged sm80
+    // forward (a block-table lookup per row: any page size) otherwise.
+    const bool sm90_runs = params.paged() ? sm90::fwd_covers_paged(f, paged_kv(params))
+                                          : sm90_forward_runs(f);
+    if (sm90_asked(dev, requested) && sm90_runs) {
+      plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
+      if (params.paged())
         plan.kernel = sm90::fwd_kernel_name(sm90::kFwdKernels[plan.kernel_index],
                                             plan.num_splits > 1, true);
-      }
-    } else if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
-      plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
     } else if (f.head_dim == f.head_dim_v &&
                smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);
+      if (params.paged())
+        plan.kernel = sm80::fwd_kernel_name(sm80::kFwdKernels[plan.kernel_index],
+                                            plan.num_splits > 1, true);
     }
     if (plan.kernel_index >= 0) {
       plan.kvcache_on_forward = true;
@@ -499,7 +505,7 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
     const ForwardParams f = kvcache_forward_params(params);
     if (plan.backend == Backend::cuda_sm90)
       return run_sm90_forward(plan, f, stream, workspace, paged_kv(params));
-    return run_sm80_forward(plan, f, stream, workspace);
+    return run_sm80_forward(plan, f, stream, workspace, paged_kv(params));
   }
   const int splits = splits_to_run(plan, workspace);
   KVCacheKernelParams kp;

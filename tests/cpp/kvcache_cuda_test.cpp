@@ -272,20 +272,20 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
   sm80.backend = Backend::cuda_sm80;
   check_gpu(sm80, "sm80_fwd");
-  // A paged cache: the paged sm90a forward on Hopper (pages of a multiple of 16 keys).
+  // A paged cache: the paged sm90a forward on Hopper, the paged sm80 forward elsewhere.
   check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64),
-            hopper ? "sm90_fwd_bf16_hdim128_128x128_s2_ws_paged" : "_");
+            hopper ? "sm90_fwd_bf16_hdim128_128x128_s2_ws_paged" : "sm80_fwd_bf16_hdim128_");
 }
 
 // Chunked prefill into a paged cache on the forward kernels: page sizes 16, 64, 256 and 48 (a
-// multiple of 16 that is not a power of two) on the paged sm90a forward, shuffled tables, NaN
-// in unused pages, past the lengths and (-1) in the unused table slots; appends or not,
-// causal, window, softcap, no mask, GQA and MQA, zero lengths, B > 1 with different lengths,
-// lengths on and around page and key-block boundaries, a split call. Pages that hold no whole
-// 16-row box (24 keys) run the decode kernel.
+// multiple of 16 that is not a power of two) on the paged sm90a forward on Hopper (the paged
+// sm80 forward elsewhere), shuffled tables, NaN in unused pages, past the lengths and (-1) in
+// the unused table slots; appends or not, causal, window, softcap, no mask, GQA and MQA, zero
+// lengths, B > 1 with different lengths, lengths on and around page and key-block boundaries,
+// a split call. Pages that hold no whole 16-row box (24 keys) run the paged sm80 forward.
 TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
   const bool hopper = cuda_test::not_sm90_reason().empty();
-  const char* paged = hopper ? "_ws_paged" : "_";
+  const char* paged = hopper ? "_ws_paged" : "w_paged";
   KvCase p16 = gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16);
   p16.invalid_unused_slots = true;
   check_gpu(p16, paged);
@@ -307,9 +307,31 @@ TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
   check_gpu(capped, paged);
   // One long sequence and few query tiles: the heuristic splits the key blocks.
   check_gpu(gpu_case({6000}, 64, 8, 1, 128, DType::bf16, 256),
-            hopper ? "_ws_paged_splitkv" : "_");
-  // Pages of 24 keys (no whole 16-row box): the decode kernel.
-  check_gpu(gpu_case({23, 24, 500}, 64, 8, 2, 128, DType::bf16, 24), "decode");
+            hopper ? "_ws_paged_splitkv" : "w_paged_splitkv");
+  // Pages of 24 keys (no whole 16-row box): the paged sm80 forward, on Hopper too.
+  check_gpu(gpu_case({23, 24, 500}, 64, 8, 2, 128, DType::bf16, 24), "w_paged");
+}
+
+// The paged sm80 forward asked for: a block-table lookup per row, so any page size (7, 16,
+// 100, 256), NaN in unused pages and (-1) unused table slots, masks, softcap, GQA/MQA, zero
+// lengths, appends or not, a split call.
+TEST_F(KvCacheCuda, PagedPrefillOnTheSm80Forward) {
+  auto sm80 = [](KvCase c) {
+    c.backend = Backend::cuda_sm80;
+    return c;
+  };
+  KvCase p16 = sm80(gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16));
+  p16.invalid_unused_slots = true;
+  check_gpu(p16, "sm80_fwd_bf16_hdim128_128x64_4w_paged");
+  KvCase p7 = sm80(gpu_case({6, 7, 0, 250}, 70, 8, 1, 64, DType::fp16, 7));
+  p7.window_left = 40;
+  check_gpu(p7, "w_paged");
+  KvCase p100 = sm80(gpu_case({99, 100, 101, 0}, 90, 8, 2, 128, DType::bf16, 100));
+  p100.append = false;
+  p100.causal = false;
+  p100.softcap = 15.0f;
+  check_gpu(p100, "w_paged");
+  check_gpu(sm80(gpu_case({5000}, 64, 4, 1, 128, DType::bf16, 256)), "w_paged_splitkv");
 }
 
 // On Hopper a split call of 2 to 8 splits merges them inside a thread-block cluster (no
