@@ -282,7 +282,8 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
 // sm80 forward elsewhere), shuffled tables, NaN in unused pages, past the lengths and (-1) in
 // the unused table slots; appends or not, causal, window, softcap, no mask, GQA and MQA, zero
 // lengths, B > 1 with different lengths, lengths on and around page and key-block boundaries,
-// a split call. Pages that hold no whole 16-row box (24 keys) run the paged sm80 forward.
+// d256 (80-key blocks), D != Dv, a split call. Pages that hold no whole 16-row box (24 keys)
+// run the paged sm80 forward.
 TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
   const bool hopper = cuda_test::not_sm90_reason().empty();
   const char* paged = hopper ? "_ws_paged" : "w_paged";
@@ -305,6 +306,19 @@ TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
   capped.softcap = 25.0f;
   capped.with_lse = false;
   check_gpu(capped, paged);
+  // d256: key blocks of 80 rows, so 64-key pages change inside a block.
+  check_gpu(gpu_case({100, 0, 400}, 72, 8, 2, 256, DType::bf16, 64), paged);
+  // D != Dv (MLA chunked prefill into a paged cache): the paged sm90a pair kernel on Hopper
+  // when the build has it, the decode kernel otherwise (the sm80 forward takes D == Dv only).
+  KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 64);
+  mla.head_dim_v = 128;
+#ifdef FLASHCPP_TEST_PAIR_192X128
+  const bool pair_built = true;
+#else
+  const bool pair_built = false;
+#endif
+  check_gpu(mla, hopper && pair_built ? "sm90_fwd_bf16_hdim192x128_128x128_s2_ws_paged"
+                                      : "decode");
   // One long sequence and few query tiles: the heuristic splits the key blocks.
   check_gpu(gpu_case({6000}, 64, 8, 1, 128, DType::bf16, 256),
             hopper ? "_ws_paged_splitkv" : "w_paged_splitkv");
