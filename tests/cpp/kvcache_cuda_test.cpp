@@ -4,8 +4,8 @@
 // from 0 to 65536, batches up to 64, appends, GQA 8:1 and MQA, Nnew 1/4/16, D 64 and 128 in
 // bf16 and fp16, causal, lse, the workspace of plan_attention_with_kvcache, lengths beyond the
 // capacity, and a CUDA graph replayed after the lengths and the block table changed on the
-// device, prefill with a cache on the forward kernels; fp8_e4m3 caches with descales (bf16
-// queries). Skips without a GPU; in a build
+// device, prefill with a cache on the forward kernels (contiguous and paged, sm90a and sm80, a
+// graph replay of a paged one); fp8_e4m3 caches with descales (bf16 queries). Skips without a GPU; in a build
 // without CUDA it is one skipping test. Cases whose kernel a subset build lacks are reported
 // as skipped (cuda_harness.hpp).
 #include <gtest/gtest.h>
@@ -518,9 +518,11 @@ TEST_F(KvCacheCuda, Fp8CacheRefusals) {
 // A call captured in a CUDA graph replays with new lengths, block table and cache contents
 // (copied to the device outside the capture): the replay gives the new lengths' result.
 // fp8: the descales are device memory too, and the replay reads their new values.
-void check_graph_replay(bool fp8) {
-  KvCase first = gpu_case({100, 0, 513, 64}, 1, 32, 4, 128, DType::bf16, 64);
-  first.capacity = 1024;
+// nnew: 1 (decode) or 64 and more (prefill on the paged forward kernels, whose name has
+// `kernel_has`).
+void check_graph_replay(bool fp8, int nnew = 1, const char* kernel_has = nullptr) {
+  KvCase first = gpu_case({100, 0, 513, 64}, nnew, 32, 4, 128, DType::bf16, 64);
+  first.capacity = nnew > 1 ? 1152 : 1024;
   first.fp8_cache = fp8;
   first.descales = fp8 ? 2 : 0;
   KvCase second = first;
@@ -572,6 +574,9 @@ void check_graph_replay(bool fp8) {
   cuda_ok(cudaStreamEndCapture(stream, &graph));
   cuda_ok(cudaGraphInstantiateWithFlags(&exec, graph, 0));
   expect_ran_on_gpu(first, info, plan);
+  if (kernel_has != nullptr) {
+    EXPECT_NE(std::string(info.kernel).find(kernel_has), std::string::npos) << info.kernel;
+  }
 
   device.upload(b);  // new lengths, pages, cache, queries and new tokens; NaN outputs
   cuda_ok(cudaGraphLaunch(exec, stream));
@@ -588,6 +593,9 @@ void check_graph_replay(bool fp8) {
 
 TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) { check_graph_replay(false); }
 TEST_F(KvCacheCuda, Fp8CacheGraphReplaysWithNewLengthsAndDescales) { check_graph_replay(true); }
+TEST_F(KvCacheCuda, PagedPrefillGraphReplaysWithNewLengths) {
+  check_graph_replay(false, 80, "_fwd_");
+}
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
 
