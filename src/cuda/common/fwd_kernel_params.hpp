@@ -26,6 +26,9 @@ struct FwdKernelParams {
   float scale_log2 = 0.f;
   float lse_scale = 0.f;
   float softcap_in_scale = 0.f;  // scale / softcap, 0 without softcap
+  // A paged KV cache's block table (prefill with a cache on the forward kernels); unused by the
+  // other instantiations. Last, so the members above keep their offsets.
+  PagedKV paged;
 };
 
 // Element counts of the split-KV workspace (floats).

@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                                   : Scheduler::next(kp, slot, gridDim.x))) {
         const Work w(kp, slot);
         if (!w.has_work()) continue;
-        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range, work, state,
-                      pipeline_k, pipeline_v, ss);
+        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.tile.batch, w.range, work,
+                      state, pipeline_k, pipeline_v, ss);
         ++work;
       }
     }

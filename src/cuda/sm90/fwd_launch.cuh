@@ -38,14 +38,26 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{}, gmem_view(q, tma_rows_q(p), p.head_dim, p.heads_q, tma_batches(p), p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
-  params.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
-      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
-      _1{});
-  params.tma_v = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
-      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
-      _1{});
+  if constexpr (Traits::kPaged) {
+    // The page pool as (row in page, dim, head, page): boxes of kPageBoxRows rows (fwd_mainloop.hpp).
+    const PagedKV& pg = kp.paged;
+    constexpr int kBox = Traits::kPageBoxRows;
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutKBoxes{}), Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
+    params.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride),
+        take<0, 2>(typename Traits::SmemLayoutVBoxes{}), Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+  } else {
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
+    params.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
+        take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
+        _1{});
+  }
 
   if constexpr (Traits::kTmaStoreO)
     params.tma_o = make_tma_copy(
@@ -81,10 +93,16 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
 // split-KV calls (kSplit: the epilogue writes partials for the combine).
+// A paged KV cache (kp.paged) runs the varlen instantiation with paged K/V loads.
 template <class Element, int kHeadDim, int kHeadDimV>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   const bool split = kp.num_splits > 1;
-  if (kp.p.is_varlen()) {
+  if (kp.paged.block_table != nullptr) {
+    if (split)
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, true>(kp, stream);
+    else
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, false>(kp, stream);
+  } else if (kp.p.is_varlen()) {
     if (split)
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, true>(kp, stream);
     else

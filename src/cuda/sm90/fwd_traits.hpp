@@ -24,10 +24,16 @@ using namespace cute;
 // kVarlen_: the instantiation for varlen calls (per-sequence rows and tiles, the dynamic tile
 // deal, V tails zeroed, TMA stores only inside a sequence). Padded calls run the other one,
 // which carries none of that code: in one kernel it cost 3-17% at d64 and d128.
-template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
+// kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
+// arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
+// the rest are the varlen instantiation's.
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
+          bool kPaged_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kPaged = kPaged_;
+  static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
   static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim_, kHeadDimV_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
                 "head dims must be an sm90 tile table entry");
@@ -91,12 +97,36 @@ struct FwdTraits {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                      take<0, 2>(SmemLayoutK{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                      take<0, 2>(SmemLayoutV{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+  using TmaKBlock = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutK{}),
+                                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaVBlock = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutV{}),
+                                           Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+
+  // Paged: a K (V) stage as kBlockN / kPageBoxRows boxes of kPageBoxRows rows, (row, dim, box,
+  // stage), over the same swizzled bytes. A box starts at a multiple of 16 rows, so at a
+  // multiple of the 8-row (1024-byte) swizzle period: each box is swizzled as a box of its own
+  // would be, which is what TMA writes. The descriptors view the page pool as (row in page,
+  // dim, head, page), so page sizes that are multiples of kPageBoxRows work, any page stride.
+  static constexpr int kPageBoxRows = 16;
+  static_assert(kBlockN % kPageBoxRows == 0, "whole boxes per key block");
+  static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
+  template <class StageLayout, int kDim>
+  using BoxesOf = decltype(composition(
+      StageLayout{}, make_layout(Shape<Int<kPageBoxRows>, Int<kDim>, Int<kPageBoxes>, Int<kStages>>{},
+                                 make_stride(_1{}, Int<kBlockN>{}, Int<kPageBoxRows>{},
+                                             Int<kBlockN * kDim>{}))));
+  using SmemLayoutKBoxes = BoxesOf<SmemLayoutK, kHeadDim>;
+  using SmemLayoutVBoxes = BoxesOf<SmemLayoutV, kHeadDimV>;
+  using TmaKPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutKBoxes{}),
+                                           Shape<Int<kPageBoxRows>, Int<kHeadDim>>{}, _1{}));
+  using TmaVPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutVBoxes{}),
+                                           Shape<Int<kPageBoxRows>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = std::conditional_t<kPaged, TmaKPaged, TmaKBlock>;
+  using TmaV = std::conditional_t<kPaged, TmaVPaged, TmaVBlock>;
 
   // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
