@@ -35,6 +35,7 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 #include "cpu/store_avx512.hpp"
@@ -53,10 +54,6 @@ constexpr int kPartHalf = kBlockKeys * 16;
 constexpr int kPartsBuffer = 4 * kPartHalf;           // P^T of one strip: 2 parts x 2 halves
 constexpr int kScoreBuffer = kBlockKeys * kStrip;     // S^T of one strip
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-// How far (log2 units) a block's max may pass a row's reference max before the reference
-// moves and the row's output is rescaled (the rescaling pass over O^T cost ~6% of the time
-// when done on every rise).
-constexpr float kMaxSlack = 8.0f;
 
 // A strip's share of a key block: keys [lo, hi) (32-aligned) hold every key its rows see;
 // `full`: every row sees every one of them.
@@ -282,12 +279,7 @@ void half_softmax(float* st, std::uint16_t* high, std::uint16_t* low, int lo, in
                                          _mm512_max_ps(max[2], max[3]));
   const __m512 scale = _mm512_set1_ps(alpha);
   const __m512 old_max = _mm512_loadu_ps(m);
-  // A lane keeps its reference max unless the block's exceeds it by more than kMaxSlack (or
-  // it had none): p stays below 2^kMaxSlack, and the output is rescaled only where it moved.
-  const __m512 block_scaled = _mm512_mul_ps(block_max, scale);
-  const __mmask16 moved = _mm512_cmp_ps_mask(
-      block_scaled, _mm512_add_ps(old_max, _mm512_set1_ps(kMaxSlack)), _CMP_GT_OQ);
-  const __m512 new_max = _mm512_mask_mov_ps(old_max, moved, block_scaled);
+  const __m512 new_max = next_reference_max(old_max, _mm512_mul_ps(block_max, scale));
   const __m512 base = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(new_max, hidden, _CMP_NEQ_OQ),
                                           new_max);
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();

@@ -27,6 +27,7 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 #include "cpu/load_avx512.hpp"
@@ -254,8 +255,9 @@ void mask_strip(const BlockMask& mask, std::int64_t row0, int rows, std::int64_t
   }
 }
 
-// Folds S^T (keys x 32) into the running max m and sum l of the strip's rows, turns it into
-// P^T relative to the new max and rescales the output rows o. A row with nothing visible yet
+// Folds S^T (keys x 32) into the reference max m (reference_max_avx512.hpp) and sum l of the
+// strip's rows, turns it into P^T relative to the new reference and rescales the output rows o
+// where it moved. A row with nothing visible yet
 // (max -inf) takes max 0 for the exponent, so its P is 0 rather than 2^(-inf + inf) = NaN.
 // NaN scores are not dropped: they make P, l and so the row's out and lse NaN.
 void strip_softmax(float* s, int keys, float alpha, float* m, float* l, float* o, int dv,
@@ -265,11 +267,10 @@ void strip_softmax(float* s, int keys, float alpha, float* m, float* l, float* o
   for (int h = 0; h < 2; ++h) {
     const __m512 factor = _mm512_set1_ps(alpha);
     const __m512 m_old = _mm512_loadu_ps(m + 16 * h);
-    __m512 max = m_old;
     __m512 raw_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int j = 0; j < keys; ++j)
       raw_max = _mm512_max_ps(_mm512_loadu_ps(s + j * kStrip + 16 * h), raw_max);
-    max = _mm512_max_ps(_mm512_mul_ps(raw_max, factor), max);  // alpha > 0
+    const __m512 max = next_reference_max(m_old, _mm512_mul_ps(raw_max, factor));  // alpha > 0
     const __m512 base =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(max, minus_inf, _CMP_EQ_OQ), max,
                              _mm512_setzero_ps());
