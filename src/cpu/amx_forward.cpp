@@ -146,10 +146,10 @@ class TileQueue {
     {
       // Ask for the 64 lines this chunk's scores are stored to, a share per step: they were
       // last read a strip ago and have left L1, and a tile store to lines in L2 took ~4x as
-      // long as to lines in L1.
+      // long as to lines in L1. Not at D 64: 32 prefetches a step made it 7% slower.
       float* c = st_ + score_key_ * kStrip;
       const int steps = d_ / 32, step = score_d_ / 32;
-      for (int line = step * 64 / steps; line < (step + 1) * 64 / steps; ++line)
+      for (int line = step * 64 / steps; steps >= 4 && line < (step + 1) * 64 / steps; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(c + line * 16), _MM_HINT_ET0);
     }
     _tile_loadd(4, a0 + score_d_, d_ * 2);
