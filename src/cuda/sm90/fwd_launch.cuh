@@ -48,6 +48,14 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
     params.tma_v = make_tma_copy(
         SM90_TMA_LOAD{}, gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride),
         take<0, 2>(typename Traits::SmemLayoutVBoxes{}), Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+    params.tma_k_whole = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
+    params.tma_v_whole = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride),
+        take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
+        _1{});
   } else {
     params.tma_k = make_tma_copy(
         SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),

@@ -284,6 +284,53 @@ struct FwdMainloop {
     constexpr int kBoxes = Traits::kPageBoxes;
     const ForwardParams& p = params.kp.p;
     const PagedKV& pg = params.kp.paged;
+    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
+    // The block-table entry of key row `key` (< the sequence's keys), or num_pages (outside the
+    // descriptor: TMA loads zeros) where the entry is outside [0, num_pages).
+    auto page_of_key = [&](int key, int& in_page) {
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      in_page = key - index * pg.page_size;
+      const int entry = table[index];
+      return entry < 0 || entry >= pg.num_pages ? pg.num_pages : entry;
+    };
+
+    if (pg.page_size % kBlockN == 0) {
+      // Whole key blocks in one page: one table entry and one box (the contiguous kernel's)
+      // per block. Every block of the range holds a key of the sequence, so its page is used.
+      Tensor mK = params.tma_k_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor mV = params.tma_v_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor gK = flat_divide(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+      Tensor gV = flat_divide(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+      Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+      // tKgK (TMA, block in page, page); tKsK (TMA, stage); the same for V.
+      auto [tKgK, tKsK] = tma_partition(params.tma_k_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(params.tma_v_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      auto load_k = [&](int n) {
+        pipeline_k.producer_acquire(state);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
+                                     CacheHintSm90::EVICT_LAST),
+             tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n) {
+        pipeline_v.producer_acquire(state);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_v_whole.with(*pipeline_v.producer_get_barrier(state), 0,
+                                     CacheHintSm90::EVICT_LAST),
+             tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        ++state;
+      };
+      issue(load_k, load_v);
+      return;
+    }
+
     // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
     Tensor mK = params.tma_k.get_tma_tensor(
         make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
@@ -299,7 +346,6 @@ struct FwdMainloop {
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
     // Page and box (within the page) of the box holding `key`.
     auto locate = [&](int key, int& page, int& box) {
       int entry = pg.num_pages;

@@ -15,6 +15,9 @@ struct FwdParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   typename Traits::TmaO tma_o;
+  // Paged instantiation only (empty otherwise): whole key blocks of a page.
+  typename Traits::TmaKWholeBlock tma_k_whole;
+  typename Traits::TmaVWholeBlock tma_v_whole;
 };
 
 }  // namespace flashcpp::detail::cuda::sm90

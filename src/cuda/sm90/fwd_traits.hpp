@@ -127,6 +127,11 @@ struct FwdTraits {
                                            Shape<Int<kPageBoxRows>, Int<kHeadDimV>>{}, _1{}));
   using TmaK = std::conditional_t<kPaged, TmaKPaged, TmaKBlock>;
   using TmaV = std::conditional_t<kPaged, TmaVPaged, TmaVBlock>;
+  // Paged, page sizes that are a multiple of kBlockN: a key block lies inside one page and
+  // loads as one box of kBlockN rows (the contiguous box), from the same pool view.
+  struct NoTma {};
+  using TmaKWholeBlock = std::conditional_t<kPaged, TmaKBlock, NoTma>;
+  using TmaVWholeBlock = std::conditional_t<kPaged, TmaVBlock, NoTma>;
 
   // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
