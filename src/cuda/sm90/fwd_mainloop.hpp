@@ -373,40 +373,47 @@ struct FwdMainloop {
     auto [tVgV, tVsV] = tma_partition(tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    // Page and box (within the page) of the box holding `key`.
-    auto locate = [&](int key, int& page, int& box) {
-      int entry = pg.num_pages;
-      int in_page = 0;
-      if (key < seq.seqlen_k) {
+    // The block-table entries of block n's boxes (num_pages for a box past the sequence's keys
+    // or an entry outside [0, num_pages)), looked up by load_k and used again by load_v: the
+    // producer issues V_n right after K_n. The loads go out back to back, before any of the
+    // block's TMA copies (whose asm clobbers memory, so the compiler would not hoist a load
+    // above one): one table latency per block instead of one per box.
+    // Kept in shared memory (the producer thread's alone) rather than in its 24 registers.
+    int* entries = ss.page_entries.entry;
+    auto look_up = [&](int n) {
+      int e[kBoxes];
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        const int key = n * kBlockN + j * kRows;
         const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-        in_page = key - index * pg.page_size;
-        entry = table[index];
-        if (entry < 0 || entry >= pg.num_pages) entry = pg.num_pages;
+        e[j] = key < seq.seqlen_k ? table[index] : -1;
       }
-      page = entry;
-      box = in_page / kRows;
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j)
+        entries[j] = e[j] < 0 || e[j] >= pg.num_pages ? pg.num_pages : e[j];
+    };
+    // Box (within its page) of box j of block n.
+    auto box_in_page = [&](int n, int j) {
+      const int key = n * kBlockN + j * kRows;
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      return (key - index * pg.page_size) / kRows;
     };
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state);
+      look_up(n);
       auto& full = *pipeline_k.producer_get_barrier(state);
       CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        int page, box;
-        locate(n * kBlockN + j * kRows, page, box);
-        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box, page),
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box_in_page(n, j), entries[j]),
              tKsK(_, j, state.index()));
-      }
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state);
       auto& full = *pipeline_v.producer_get_barrier(state);
       CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        int page, box;
-        locate(n * kBlockN + j * kRows, page, box);
-        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box, page),
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box_in_page(n, j), entries[j]),
              tVsV(_, j, state.index()));
-      }
       ++state;
     };
     issue(load_k, load_v);
