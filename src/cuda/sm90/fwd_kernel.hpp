@@ -78,6 +78,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     if constexpr (Traits::kTmaStoreO)
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    if constexpr (Traits::kPaged) {
+      cute::prefetch_tma_descriptor(params.tma_k_whole.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v_whole.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k_wide.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v_wide.get_tma_descriptor());
+    }
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
     DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);

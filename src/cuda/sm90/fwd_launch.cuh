@@ -39,15 +39,31 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
       SM90_TMA_LOAD{}, gmem_view(q, tma_rows_q(p), p.head_dim, p.heads_q, tma_batches(p), p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
   if constexpr (Traits::kPaged) {
-    // The page pool as (row in page, dim, head, page): boxes of kPageBoxRows rows (fwd_mainloop.hpp).
+    // The page pool as (row in page, dim, head, page): boxes of kPageBoxRows and of
+    // kPageBoxRowsWide rows, and whole key blocks (fwd_mainloop.hpp).
     const PagedKV& pg = kp.paged;
     constexpr int kBox = Traits::kPageBoxRows;
-    params.tma_k = make_tma_copy(
-        SM90_TMA_LOAD{}, gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride),
-        take<0, 2>(typename Traits::SmemLayoutKBoxes{}), Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
-    params.tma_v = make_tma_copy(
-        SM90_TMA_LOAD{}, gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride),
-        take<0, 2>(typename Traits::SmemLayoutVBoxes{}), Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+    constexpr int kWide = Traits::kPageBoxRowsWide;
+    const auto k_pool = gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride);
+    const auto v_pool = gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride);
+    params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                 take<0, 2>(typename Traits::template SmemLayoutKBoxes<kBox>{}),
+                                 Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
+    params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                 take<0, 2>(typename Traits::template SmemLayoutVBoxes<kBox>{}),
+                                 Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+    params.tma_k_wide = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                      take<0, 2>(typename Traits::template SmemLayoutKBoxes<kWide>{}),
+                                      Shape<Int<kWide>, Int<kHeadDim>>{}, _1{});
+    params.tma_v_wide = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                      take<0, 2>(typename Traits::template SmemLayoutVBoxes<kWide>{}),
+                                      Shape<Int<kWide>, Int<kHeadDimV>>{}, _1{});
+    params.tma_k_whole = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                       take<0, 2>(typename Traits::SmemLayoutK{}),
+                                       Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
+    params.tma_v_whole = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                       take<0, 2>(typename Traits::SmemLayoutV{}),
+                                       Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{}, _1{});
   } else {
     params.tma_k = make_tma_copy(
         SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),

@@ -267,10 +267,10 @@ struct FwdMainloop {
   }
 
  private:
-  // The paged instantiation's K and V loads: key block n arrives as kPageBoxes boxes of
-  // kPageBoxRows rows, box j from the page of key n * kBlockN + j * kPageBoxRows (a page holds
-  // whole boxes: its size is a multiple of kPageBoxRows), into rows j * kPageBoxRows... of the
-  // stage; the stage's transaction byte count is the contiguous one. A box past the sequence's
+  // The paged instantiation's K and V loads: key block n arrives as one box of kBlockN rows
+  // where the page size is a multiple of kBlockN, else as boxes of 64 rows (kPageBoxRowsWide,
+  // page sizes that are multiples of 64) or 16 rows (kPageBoxRows), each from its own page;
+  // the stage's transaction byte count is the contiguous one. A box past the sequence's
   // keys, or whose block-table entry is outside [0, num_pages), is addressed at page num_pages,
   // outside the descriptor: TMA fills it with zeros and reads no memory (its bytes still count).
   // Rows past the sequence inside a used page are masked (K) and zeroed (V) by the consumers.
@@ -281,59 +281,139 @@ struct FwdMainloop {
                              Issue&& issue) const {
     using cute::TMA::CacheHintSm90;
     constexpr int kBoxRows = Traits::kPageBoxRows;
-    constexpr int kBoxes = Traits::kPageBoxes;
+    const ForwardParams& p = params.kp.p;
+    const PagedKV& pg = params.kp.paged;
+    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
+    // The block-table entry of key row `key` (< the sequence's keys), or num_pages (outside the
+    // descriptor: TMA loads zeros) where the entry is outside [0, num_pages).
+    auto page_of_key = [&](int key, int& in_page) {
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      in_page = key - index * pg.page_size;
+      const int entry = table[index];
+      return entry < 0 || entry >= pg.num_pages ? pg.num_pages : entry;
+    };
+
+    if (pg.page_size % kBlockN == 0) {
+      // Whole key blocks in one page: one table entry and one box (the contiguous kernel's)
+      // per block. Every block of the range holds a key of the sequence, so its page is used.
+      Tensor mK = params.tma_k_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor mV = params.tma_v_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor gK = flat_divide(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+      Tensor gV = flat_divide(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+      Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+      // tKgK (TMA, block in page, page); tKsK (TMA, stage); the same for V.
+      auto [tKgK, tKsK] = tma_partition(params.tma_k_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(params.tma_v_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      auto load_k = [&](int n) {
+        pipeline_k.producer_acquire(state);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
+                                     CacheHintSm90::EVICT_LAST),
+             tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n) {
+        pipeline_v.producer_acquire(state);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_v_whole.with(*pipeline_v.producer_get_barrier(state), 0,
+                                     CacheHintSm90::EVICT_LAST),
+             tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        ++state;
+      };
+      issue(load_k, load_v);
+      return;
+    }
+
+    // Boxes of 64 rows where the page size allows (4x fewer TMA issues than 16-row boxes).
+    if constexpr (Traits::kPageBoxRowsWide != kBoxRows) {
+      if (pg.page_size % Traits::kPageBoxRowsWide == 0) {
+        load_boxes<Traits::kPageBoxRowsWide>(params, params.tma_k_wide, params.tma_v_wide, seq,
+                                             head_kv, table, state, pipeline_k, pipeline_v, ss,
+                                             issue);
+        return;
+      }
+    }
+    load_boxes<kBoxRows>(params, params.tma_k, params.tma_v, seq, head_kv, table, state,
+                         pipeline_k, pipeline_v, ss, issue);
+  }
+
+  // Key block n as kBlockN / kRows boxes of kRows rows, box j from the page of key
+  // n * kBlockN + j * kRows (the page size is a multiple of kRows), into rows j * kRows... of
+  // the stage, through the descriptors tma_k and tma_v of kRows-row boxes.
+  template <int kRows, class TmaKBoxes, class TmaVBoxes, class Issue>
+  __device__ void load_boxes(const FwdParams<Traits>& params, const TmaKBoxes& tma_k,
+                             const TmaVBoxes& tma_v, const SeqlenInfo& seq, int head_kv,
+                             const std::int32_t* table, PipelineState& state,
+                             Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss,
+                             Issue&& issue) const {
+    using cute::TMA::CacheHintSm90;
+    constexpr int kBoxes = kBlockN / kRows;
     const ForwardParams& p = params.kp.p;
     const PagedKV& pg = params.kp.paged;
     // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
-    Tensor mK = params.tma_k.get_tma_tensor(
+    Tensor mK = tma_k.get_tma_tensor(
         make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
-    Tensor mV = params.tma_v.get_tma_tensor(
+    Tensor mV = tma_v.get_tma_tensor(
         make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
-    Tensor gK = flat_divide(mK, Shape<Int<kBoxRows>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
-    Tensor gV = flat_divide(mV, Shape<Int<kBoxRows>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKBoxes{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVBoxes{});
+    Tensor gK = flat_divide(mK, Shape<Int<kRows>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+    Tensor gV = flat_divide(mV, Shape<Int<kRows>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()),
+                            typename Traits::template SmemLayoutKBoxes<kRows>{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()),
+                            typename Traits::template SmemLayoutVBoxes<kRows>{});
     // tKgK (TMA, box in page, page); tKsK (TMA, box in block, stage); the same for V.
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+    auto [tKgK, tKsK] = tma_partition(tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                       group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+    auto [tVgV, tVsV] = tma_partition(tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
-    // Page and box (within the page) of the box holding `key`.
-    auto locate = [&](int key, int& page, int& box) {
-      int entry = pg.num_pages;
-      int in_page = 0;
-      if (key < seq.seqlen_k) {
+    // The block-table entries of block n's boxes (num_pages for a box past the sequence's keys
+    // or an entry outside [0, num_pages)), looked up by load_k and used again by load_v: the
+    // producer issues V_n right after K_n. The loads go out back to back, before any of the
+    // block's TMA copies (whose asm clobbers memory, so the compiler would not hoist a load
+    // above one): one table latency per block instead of one per box.
+    // Kept in shared memory (the producer thread's alone) rather than in its 24 registers.
+    int* entries = ss.page_entries.entry;
+    auto look_up = [&](int n) {
+      int e[kBoxes];
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        const int key = n * kBlockN + j * kRows;
         const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-        in_page = key - index * pg.page_size;
-        entry = table[index];
-        if (entry < 0 || entry >= pg.num_pages) entry = pg.num_pages;
+        e[j] = key < seq.seqlen_k ? table[index] : -1;
       }
-      page = entry;
-      box = in_page / kBoxRows;
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j)
+        entries[j] = e[j] < 0 || e[j] >= pg.num_pages ? pg.num_pages : e[j];
+    };
+    // Box (within its page) of box j of block n.
+    auto box_in_page = [&](int n, int j) {
+      const int key = n * kBlockN + j * kRows;
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      return (key - index * pg.page_size) / kRows;
     };
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state);
+      look_up(n);
       auto& full = *pipeline_k.producer_get_barrier(state);
       CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        int page, box;
-        locate(n * kBlockN + j * kBoxRows, page, box);
-        copy(params.tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box, page),
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box_in_page(n, j), entries[j]),
              tKsK(_, j, state.index()));
-      }
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state);
       auto& full = *pipeline_v.producer_get_barrier(state);
       CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        int page, box;
-        locate(n * kBlockN + j * kBoxRows, page, box);
-        copy(params.tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box, page),
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box_in_page(n, j), entries[j]),
              tVsV(_, j, state.index()));
-      }
       ++state;
     };
     issue(load_k, load_v);

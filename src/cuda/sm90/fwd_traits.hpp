@@ -104,29 +104,42 @@ struct FwdTraits {
                                            take<0, 2>(SmemLayoutV{}),
                                            Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
 
-  // Paged: a K (V) stage as kBlockN / kPageBoxRows boxes of kPageBoxRows rows, (row, dim, box,
-  // stage), over the same swizzled bytes. A box starts at a multiple of 16 rows, so at a
-  // multiple of the 8-row (1024-byte) swizzle period: each box is swizzled as a box of its own
-  // would be, which is what TMA writes. The descriptors view the page pool as (row in page,
-  // dim, head, page), so page sizes that are multiples of kPageBoxRows work, any page stride.
+  // Paged: a K (V) stage as kBlockN / kRows boxes of kRows rows, (row, dim, box, stage), over
+  // the same swizzled bytes. A box starts at a multiple of 16 rows, so at a multiple of the
+  // 8-row (1024-byte) swizzle period: each box is swizzled as a box of its own would be, which
+  // is what TMA writes. The descriptors view the page pool as (row in page, dim, head, page),
+  // so any page stride works; a page holds whole boxes. Boxes of 16 rows (kPageBoxRows) take
+  // any page size that is a multiple of 16; boxes of kPageBoxRowsWide rows (64 where kBlockN
+  // is a multiple of 64, else 16 again) the multiples of 64.
   static constexpr int kPageBoxRows = 16;
+  static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
   static_assert(kBlockN % kPageBoxRows == 0, "whole boxes per key block");
-  static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
-  template <class StageLayout, int kDim>
+  template <class StageLayout, int kDim, int kRows>
   using BoxesOf = decltype(composition(
-      StageLayout{}, make_layout(Shape<Int<kPageBoxRows>, Int<kDim>, Int<kPageBoxes>, Int<kStages>>{},
-                                 make_stride(_1{}, Int<kBlockN>{}, Int<kPageBoxRows>{},
+      StageLayout{}, make_layout(Shape<Int<kRows>, Int<kDim>, Int<kBlockN / kRows>, Int<kStages>>{},
+                                 make_stride(_1{}, Int<kBlockN>{}, Int<kRows>{},
                                              Int<kBlockN * kDim>{}))));
-  using SmemLayoutKBoxes = BoxesOf<SmemLayoutK, kHeadDim>;
-  using SmemLayoutVBoxes = BoxesOf<SmemLayoutV, kHeadDimV>;
-  using TmaKPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                           take<0, 2>(SmemLayoutKBoxes{}),
-                                           Shape<Int<kPageBoxRows>, Int<kHeadDim>>{}, _1{}));
-  using TmaVPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                           take<0, 2>(SmemLayoutVBoxes{}),
-                                           Shape<Int<kPageBoxRows>, Int<kHeadDimV>>{}, _1{}));
-  using TmaK = std::conditional_t<kPaged, TmaKPaged, TmaKBlock>;
-  using TmaV = std::conditional_t<kPaged, TmaVPaged, TmaVBlock>;
+  template <int kRows>
+  using SmemLayoutKBoxes = BoxesOf<SmemLayoutK, kHeadDim, kRows>;
+  template <int kRows>
+  using SmemLayoutVBoxes = BoxesOf<SmemLayoutV, kHeadDimV, kRows>;
+  template <int kRows>
+  using TmaKBoxes = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutKBoxes<kRows>{}),
+                                           Shape<Int<kRows>, Int<kHeadDim>>{}, _1{}));
+  template <int kRows>
+  using TmaVBoxes = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutVBoxes<kRows>{}),
+                                           Shape<Int<kRows>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = std::conditional_t<kPaged, TmaKBoxes<kPageBoxRows>, TmaKBlock>;
+  using TmaV = std::conditional_t<kPaged, TmaVBoxes<kPageBoxRows>, TmaVBlock>;
+  // Paged, page sizes that are a multiple of kBlockN: a key block lies inside one page and
+  // loads as one box of kBlockN rows (the contiguous box), from the same pool view.
+  struct NoTma {};
+  using TmaKWholeBlock = std::conditional_t<kPaged, TmaKBlock, NoTma>;
+  using TmaVWholeBlock = std::conditional_t<kPaged, TmaVBlock, NoTma>;
+  using TmaKWideBox = std::conditional_t<kPaged, TmaKBoxes<kPageBoxRowsWide>, NoTma>;
+  using TmaVWideBox = std::conditional_t<kPaged, TmaVBoxes<kPageBoxRowsWide>, NoTma>;
 
   // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
@@ -154,6 +167,11 @@ struct FwdTraits {
   static constexpr bool kTmaStoreO =
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit;
 
+  struct NoPageEntries {};
+  struct PageEntries {
+    int entry[kBlockN / kPageBoxRows];
+  };
+
   struct NoSmemO {};
   struct SmemO {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>> o;
@@ -173,6 +191,8 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
+    // Paged: the block-table entries of the key block the producer is loading (K, then V).
+    std::conditional_t<kPaged, PageEntries, NoPageEntries> page_entries;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
