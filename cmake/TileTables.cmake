@@ -50,6 +50,8 @@ flashcpp_table_head_dims("${_tables}/sm80/fwd_tile_table.hpp" kSm80FwdTiles FLAS
 flashcpp_table_head_dims("${_tables}/sm80/bwd_tile_table.hpp" kSm80BwdTiles FLASHCPP_SM80_BWD_HEAD_DIMS)
 flashcpp_table_head_dim_pairs("${_tables}/sm90/fwd_tile_table.hpp" kSm90FwdTiles
                               FLASHCPP_SM90_FWD_HEAD_DIMS FLASHCPP_SM90_FWD_HEAD_DIM_PAIRS)
+flashcpp_table_head_dims("${_tables}/sm90/fwd_tile_table.hpp" kSm90FwdTilesFp8
+                         FLASHCPP_SM90_FP8_FWD_HEAD_DIMS)
 flashcpp_table_head_dim_pairs("${_tables}/sm90/bwd_tile_table.hpp" kSm90BwdTiles
                               FLASHCPP_SM90_BWD_HEAD_DIMS FLASHCPP_SM90_BWD_HEAD_DIM_PAIRS)
 flashcpp_table_head_dims("${_tables}/sm80/decode_tile_table.hpp" kDecodeTiles FLASHCPP_DECODE_HEAD_DIMS)

@@ -171,3 +171,76 @@ def test_kvcache_fp8_through_the_custom_ops_on_cpu():
     torch.library.opcheck(torch.ops.flashcpp.attention_with_kvcache.default,
                           (c["q"], c["k_cache"], c["v_cache"], lens, None, *options),
                           test_utils=("test_faketensor",))  # test_schema multiplies fp8
+
+
+def fp8_forward_case(device, B=2, Nq=300, Nk=513, Hq=8, Hkv=2, D=128, seed=2):
+    """fp8 codes of Gaussian q, k, v (descales sized so codes stay well inside 448) and their
+    per (sequence, kv head) descales, on `device`."""
+    g = torch.Generator().manual_seed(seed)
+    dq = torch.rand(B, Hkv, generator=g) * 0.02 + 0.02
+    dk = torch.rand(B, Hkv, generator=g) * 0.02 + 0.02
+    dv = torch.tensor([0.03])
+    q = (torch.randn(B, Nq, Hq, D, generator=g) / per_head_t(dq, Hq)).to(FP8)
+    k = (torch.randn(B, Nk, Hkv, D, generator=g) / dk[:, None, :, None]).to(FP8)
+    v = (torch.randn(B, Nk, Hkv, D, generator=g) / dv).to(FP8)
+    return [t.to(device) for t in (q, k, v, dq, dk, dv)]
+
+
+def per_head_t(descale, heads_q):
+    return descale.repeat_interleave(heads_q // descale.shape[1], dim=1)[:, None, :, None]
+
+
+def expected_fp8_forward(q, k, v, dq, dk, dv, causal):
+    """float64 attention of the dequantised inputs, and the same attention of |v| (the FP8
+    bound's envelope, docs/semantics.md)."""
+    Hq = q.shape[2]
+    qd = q.cpu().double().numpy() * per_head(dq.cpu(), Hq)
+    kd = k.cpu().double().numpy() * dk.cpu().double().numpy()[:, None, :, None]
+    vd = v.cpu().double().numpy() * float(dv.cpu()[0])
+    return attention64(qd, kd, vd, causal), attention64(qd, kd, np.abs(vd), causal)
+
+
+def sm90_available():
+    return flashcpp.cuda_available() and torch.cuda.is_available() and \
+        torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not sm90_available(), reason="needs a Hopper (sm90) GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_fp8_on_cuda(causal):
+    """flashcpp.attention, flashcpp.torch.attention (the custom op) and a torch.compile'd call
+    on float8_e4m3fn CUDA tensors with descale tensors: the sm90a FP8 forward, within the FP8
+    bound of docs/semantics.md (2^-4 x the attention of |v|, plus 2e-2)."""
+    import flashcpp.torch as fa
+
+    q, k, v, dq, dk, dv = fp8_forward_case("cuda")
+    want, envelope = expected_fp8_forward(q, k, v, dq, dk, dv, causal)
+    calls = [lambda: flashcpp.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
+                                        v_descale=dv),
+             lambda: fa.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
+                                  v_descale=dv),
+             torch.compile(lambda: fa.attention(q, k, v, causal=causal, q_descale=dq,
+                                                k_descale=dk, v_descale=dv), fullgraph=True)]
+    for i, call in enumerate(calls):
+        out = call()
+        assert out.dtype == torch.bfloat16
+        if i == 0:
+            info = flashcpp.last_run_info()
+            assert info.backend == "cuda_sm90" and "fp8_e4m3" in info.kernel, info
+        err = np.abs(out.float().cpu().numpy() - want)
+        assert (err <= 2.0**-4 * envelope + 2e-2).all(), (i, err.max())
+
+
+def test_forward_fp8_custom_op_on_cpu():
+    """The fp8 op (flashcpp::attention_fp8_fwd) on CPU tensors runs the reference: the eager
+    call's result, and fake tensors of the right dtype."""
+    import flashcpp.torch as fa
+
+    q, k, v, dq, dk, dv = fp8_forward_case("cpu", Nq=17, Nk=40, D=64)
+    eager = flashcpp.attention(q, k, v, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    op = fa.attention(q, k, v, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    assert op.dtype == torch.bfloat16
+    torch.testing.assert_close(op, eager, rtol=2.0**-7, atol=1e-6)
+    torch.library.opcheck(torch.ops.flashcpp.attention_fp8_fwd.default,
+                          (q, k, v, True, None, -1, -1, 0.0, "auto", dq, dk, dv),
+                          test_utils=("test_faketensor",))
