@@ -176,6 +176,28 @@ struct FwdMainloop {
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    // FP8 with Traits::kFp8PvPromote: each key block's P V goes into a fresh accumulator that
+    // is added to O in fp32 once complete. The e4m3 wgmma adds into its accumulator with only
+    // ~13 bits below the largest term, so an O carried across the whole row by the tensor
+    // cores stops taking small increments once it is ~2^8 times larger than them (long rows).
+    auto acc_pv = [&] {
+      if constexpr (Traits::kFp8PvPromote)
+        return partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+      else
+        return 0;
+    }();
+    auto pv = [&](auto& p_operand, const auto& v_operand) {
+      if constexpr (Traits::kFp8PvPromote)
+        wgmma<true>(mma_pv, p_operand, v_operand, acc_pv);
+      else
+        wgmma<false>(mma_pv, p_operand, v_operand, acc_o);
+    };
+    auto fold_pv = [&] {  // after the block's P V has completed
+      if constexpr (Traits::kFp8PvPromote) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) += acc_pv(i);
+      }
+    };
     const int m0 = m_block * kBlockM;
     const bool has_softcap = kp.softcap_in_scale != 0.f;
     // FP8: the scores are Q K^T of the codes; q_descale * k_descale joins the score scale (the
@@ -251,7 +273,7 @@ struct FwdMainloop {
       turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
-      wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      pv(tOrP, tOrV(_, _, _, v_state.index()));
       turn_end();
       warpgroup_wait<1>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
@@ -261,6 +283,7 @@ struct FwdMainloop {
       warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
       pipeline_v.consumer_release(v_state);
       ++v_state;
+      fold_pv();
       Softmax<kRows>::rescale_o(o_rc, o_scale);
       if constexpr (Traits::kFp8) {
         pack_p_fp8(acc_s, p_regs);
@@ -277,11 +300,12 @@ struct FwdMainloop {
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
     turn_begin();
-    wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+    pv(tOrP, tOrV(_, _, _, v_state.index()));
     turn_end();
     warpgroup_wait<0>();
     pipeline_v.consumer_release(v_state);
     ++v_state;
+    fold_pv();
     state = v_state;  // == k_state: every block's K and V consumed
   }
 

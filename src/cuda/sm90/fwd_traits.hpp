@@ -35,6 +35,13 @@ struct FwdTraits {
   static constexpr bool kFp8 = std::is_same_v<Element, cutlass::float_e4m3_t>;
   using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr bool kVarlen = kVarlen_;
+  // FP8: sum each key block's P V in a fresh accumulator and add it to O in fp32 (long rows,
+  // fwd_mainloop.hpp), up to the head dim FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM (default
+  // 128: at d256 the second Dv-wide accumulator does not fit the consumers' registers).
+#ifndef FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM
+#define FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM 128
+#endif
+  static constexpr bool kFp8PvPromote = kFp8 && kHeadDimV_ <= FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM;
   static constexpr Sm90FwdTile kTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
                                             : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
