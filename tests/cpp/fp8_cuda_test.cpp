@@ -4,9 +4,10 @@
 //
 // Two kinds of inputs:
 //  - exact P: q and k codes in {-1, 0, 1} with at most 4 nonzero q entries per row, q_descale
-//    x k_descale = 1 and softmax scale ln 2, so every score is an integer in [-4, 4] and every
-//    P = 2^(s - max) is an e4m3 value: the kernel's only roundings are then the sums (exact
-//    here: small integers) and the bf16 out, and `out` is held to 2^-8 relative plus 1e-3,
+//    x k_descale = 4 and softmax scale ln 2 / 4 (without descales: 1 and ln 2), so every score
+//    is an integer in [-4, 4] in units of ln 2 and every P = 2^(s - max) is an e4m3 value:
+//    the kernel's only roundings are then the sums (exact here: small integers) and the bf16
+//    out, and `out` is held to 2^-8 relative plus 1e-3,
 //    `lse` to 1e-3 (a wrong key order, V^T layout, descale or mask shows up as O(0.1) errors);
 //  - Gaussian (and Gaussian with outlier channels, x20): the FP8 bound of docs/semantics.md,
 //    computed per element from the codes (fp8_bound below): the tensor cores' FP8 sums keep
@@ -75,6 +76,9 @@ std::string describe(const Fp8Case& c) {
   return s.str();
 }
 
+// Exact-P inputs with descales: q_descale x k_descale = 2^2.
+constexpr int kExactPScoreDescaleLog2 = 2;
+
 // Host tensors of a case: the e4m3 codes, the descales and the dequantised float32 copies.
 struct Fp8Data {
   HostTensor q8, k8, v8, dq, dk, dv, q32, k32, v32, cu_q, cu_k;
@@ -121,15 +125,16 @@ Fp8Data make_data(const Fp8Case& c) {
   d.dq = HostTensor(DType::fp32, c.descales == 2 ? per_head : per_tensor);
   d.dk = HostTensor(DType::fp32, c.descales == 2 ? per_head : per_tensor);
   d.dv = HostTensor(DType::fp32, c.descales == 2 ? per_head : per_tensor);
-  // Descales: exact P needs q_descale x k_descale = 1 (powers of two); Gaussian inputs use
-  // 4-bit factors sized so that the codes stay well inside e4m3's range (448).
+  // Descales: exact P needs q_descale x k_descale = 2^kExactPScoreDescaleLog2 (powers of two,
+  // undone by the softmax scale, options_of; so lse's descale is checked to 1e-3 too);
+  // Gaussian inputs use 4-bit factors sized so that the codes stay well inside e4m3's range (448).
   for (std::int64_t i = 0; i < d.dq.numel(); ++i) {
     if (c.descales == 0) {
       d.dq.set(i, 1.f), d.dk.set(i, 1.f), d.dv.set(i, 1.f);
     } else if (c.inputs == Inputs::exact_p) {
       const int e = static_cast<int>(rng() % 5) - 2;
       d.dq.set(i, std::ldexp(1.f, e));
-      d.dk.set(i, std::ldexp(1.f, -e));
+      d.dk.set(i, std::ldexp(1.f, kExactPScoreDescaleLog2 - e));
       d.dv.set(i, four_bit_factor(rng, -3));
     } else {
       const int lo = c.inputs == Inputs::outliers ? -2 : -5;
@@ -203,7 +208,9 @@ AttentionOptions options_of(const Fp8Case& c) {
   o.window_left = c.window_left;
   o.window_right = c.window_right;
   o.softcap = c.softcap;
-  if (c.inputs == Inputs::exact_p) o.softmax_scale = 0.69314718055994530942f;  // exp2 of the scores
+  // Exact P: exp2 of the code scores (ln 2 over the descales' product).
+  if (c.inputs == Inputs::exact_p)
+    o.softmax_scale = std::ldexp(0.69314718055994530942f, c.descales == 0 ? 0 : -kExactPScoreDescaleLog2);
   return o;
 }
 
