@@ -1,4 +1,4 @@
-// fp8_e4m3 on the CPU: the e4m3 codec and the byte transpose the decode kernel's fragments use
+// fp8_e4m3 on the CPU: the e4m3 codec and the byte permutes the decode kernel's fragments use
 // (checked against definitions written here), the index math of the sm90a fp8 forward (the P
 // register packing against the PTX fragment layouts, the V^T workspace layout), the float64
 // reference forward of fp8 q, k, v
@@ -17,6 +17,7 @@
 
 #include "common/byte_perm.hpp"
 #include "common/fp8.hpp"
+#include "common/half.hpp"
 #include "cuda/sm90/fp8_pv_order.hpp"
 #include "cuda/sm90/fp8_vt_layout.hpp"
 #include "flashcpp/flashcpp.hpp"
@@ -87,38 +88,37 @@ TEST(Fp8Codec, RoundsToNearestEvenAndSaturates) {
   }
 }
 
-// The decode kernel's bulk conversion: 4 bytes into 2 bf16 pairs, each byte in each position.
-TEST(Fp8Codec, FourBytesToBf16Pairs) {
-  std::mt19937_64 rng(11);
-  for (int byte = 0; byte < 256; ++byte)
-    for (int position = 0; position < 4; ++position) {
-      const std::uint32_t others = static_cast<std::uint32_t>(rng());
-      const std::uint32_t w = (others & ~(0xffu << (8 * position))) | (std::uint32_t(byte) << (8 * position));
-      std::uint32_t lo = 0, hi = 0;
-      detail::e4m3x4_to_bf16x2x2(w, lo, hi);
-      const std::uint32_t pairs[2] = {lo, hi};
-      for (int i = 0; i < 4; ++i) {
-        const auto half = static_cast<std::uint16_t>(pairs[i / 2] >> (16 * (i % 2)));
-        const double want = e4m3_value((w >> (8 * i)) & 0xff);
-        const float got = detail::bf16_to_float(half);
-        if (std::isnan(want))
-          EXPECT_TRUE(std::isnan(got)) << byte << " at " << position << ", element " << i;
-        else
-          EXPECT_EQ(static_cast<double>(got), want) << byte << " at " << position << ", element " << i;
-      }
+// The decode kernel's e4m3 -> f16 fallback (GPUs before sm89): every byte pair, each byte's
+// f16 bits read as a value and times 2^8 must be the byte's value (NaN bytes are flagged by
+// e4m3x2_nan_bits and patched by the kernel).
+TEST(Fp8Codec, BytePairsToF16BitsOver256) {
+  for (std::uint32_t pair = 0; pair < 0x10000u; ++pair) {
+    const std::uint32_t bits = detail::e4m3x2_to_f16x2_bits_over_256(pair);
+    const std::uint32_t nan = detail::e4m3x2_nan_bits(pair);
+    for (int i = 0; i < 2; ++i) {
+      const int byte = static_cast<int>((pair >> (8 * i)) & 0xffu);
+      const double want = e4m3_value(byte);
+      EXPECT_EQ(((nan >> (8 * i)) & 0x80u) != 0, std::isnan(want)) << byte;
+      if (std::isnan(want)) continue;
+      const float got = detail::fp16_to_float(static_cast<std::uint16_t>(bits >> (16 * i)));
+      ASSERT_EQ(static_cast<double>(got) * 256.0, want) << "pair " << pair << ", byte " << i;
+      EXPECT_EQ(std::signbit(got), (byte & 0x80) != 0) << byte;  // -0 stays -0
     }
+  }
 }
 
-TEST(Fp8Codec, ByteTranspose) {
+// The byte permutes that pair two V rows dim by dim (decode_fp8_fragments.hpp): selector
+// 0x5140 gives {r0.0, r1.0, r0.1, r1.1}, 0x7362 {r0.2, r1.2, r0.3, r1.3}.
+TEST(Fp8Codec, BytePermutePairsRows) {
   std::mt19937_64 rng(3);
   for (int trial = 0; trial < 100; ++trial) {
-    std::uint32_t r[4];
-    for (auto& x : r) x = static_cast<std::uint32_t>(rng());
-    std::uint32_t t[4] = {r[0], r[1], r[2], r[3]};
-    detail::transpose_bytes_4x4(t[0], t[1], t[2], t[3]);
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j)
-        EXPECT_EQ((t[j] >> (8 * i)) & 0xff, (r[i] >> (8 * j)) & 0xff) << i << ", " << j;
+    const auto r0 = static_cast<std::uint32_t>(rng()), r1 = static_cast<std::uint32_t>(rng());
+    const std::uint32_t pairs[2] = {detail::byte_perm(r0, r1, 0x5140u), detail::byte_perm(r0, r1, 0x7362u)};
+    for (int dim = 0; dim < 4; ++dim) {
+      const std::uint32_t pair = pairs[dim / 2] >> (16 * (dim % 2));
+      EXPECT_EQ(pair & 0xffu, (r0 >> (8 * dim)) & 0xffu) << dim;
+      EXPECT_EQ((pair >> 8) & 0xffu, (r1 >> (8 * dim)) & 0xffu) << dim;
+    }
   }
 }
 

@@ -8,9 +8,12 @@
 // finished with it). Per query block:
 //   S = Q K^T, dP = dO V^T                        (registers)
 //   P, dS                                         (registers, bwd_p_ds.hpp; to shared memory)
-//   dV += P^T dO,  dK += dS^T Q                   (registers; written once at the end)
-//   dQ_accum += dS K                              (fp32 atomics; skipped when deterministic,
-//                                                  where bwd_dq_kernel.hpp computes dQ)
+//   dV += P^T dO                                  (registers; written once at the end)
+//   dQ_accum += dS K                              (fp32 atomics, bwd_dq_accum_layout.hpp;
+//                                                  skipped when deterministic, where
+//                                                  bwd_dq_kernel.hpp computes dQ)
+//   dK += dS^T Q                                  (registers; written once at the end)
+// (with one Q buffer, dK before dQ: the next block's loads wait for it).
 // dK and dV are deterministic either way: each CTA owns its rows and walks a fixed order.
 #include <cmath>
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm80/bwd_dq_accum_layout.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
 #include "cuda/sm80/bwd_traits.hpp"  // ws_row
@@ -35,19 +39,59 @@ template <class Tr, class Mat, int kRows, class Element>
 __device__ __forceinline__ void load_rows(Element* dst, const Element* src, std::int64_t row_stride,
                                           int rows, int cols, bool vec8) {
   constexpr int kChunks = kRows * Tr::kChunksPerRow;
+  // Rows one pass of the CTA covers: when a pass is whole rows, a multiple of 8 of them (the
+  // swizzle repeats every 8 rows), a thread keeps its column and the same swizzle on every
+  // pass, so its chunks are one shared offset and one global pointer plus fixed steps.
+  constexpr int kPassRows = Tr::kThreads / Tr::kChunksPerRow;
+  constexpr bool kFixedColumn =
+      Tr::kThreads % Tr::kChunksPerRow == 0 && (!Mat::kSwizzled || kPassRows % 8 == 0);
   if (vec8) {
+    if constexpr (kFixedColumn) {
+      const int r0 = int(threadIdx.x) / Tr::kChunksPerRow;
+      const int c = int(threadIdx.x) % Tr::kChunksPerRow * 8;
+      Element* const d = dst + Mat::offset(r0, c);
+      const Element* s = src + r0 * row_stride + c;
+      const std::int64_t pass_stride = row_stride * kPassRows;
+      const bool col_ok = c < cols;
 #pragma unroll
-    for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
-      const int idx = it * Tr::kThreads + int(threadIdx.x);
-      const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
-      const bool valid = r < rows && c < cols;
-      cp_async_16(dst + Mat::offset(r, c), valid ? src + r * row_stride + c : src, valid);
+      for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+        const bool valid = col_ok && r0 + it * kPassRows < rows;
+        cp_async_16(d + it * kPassRows * Mat::kLd, valid ? s : src, valid);
+        s += pass_stride;
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+        const int idx = it * Tr::kThreads + int(threadIdx.x);
+        const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
+        const bool valid = r < rows && c < cols;
+        cp_async_16(dst + Mat::offset(r, c), valid ? src + r * row_stride + c : src, valid);
+      }
     }
   } else {
-    for (int idx = threadIdx.x; idx < kRows * Tr::kHeadDim; idx += Tr::kThreads) {
-      const int r = idx / Tr::kHeadDim, c = idx % Tr::kHeadDim;
-      dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
-    }
+    // Rare (rows not 16-byte aligned): row by row, so that no index arithmetic of this path
+    // is hoisted into the common one.
+#pragma unroll 1
+    for (int r = 0; r < kRows; ++r)
+      for (int c = threadIdx.x; c < Tr::kHeadDim; c += Tr::kThreads)
+        dst[Mat::offset(r, c)] = (r < rows && c < cols) ? src[r * row_stride + c] : Element(0.f);
+  }
+}
+
+// The inverse of load_rows for the epilogue: rows [0, rows) x cols [0, cols) of the shared
+// matrix `src` (layout Mat) to global memory in 16-byte chunks (cols a multiple of 8, rows
+// 16-byte aligned).
+template <class Tr, class Mat, int kRows, class Element>
+__device__ __forceinline__ void store_rows(Element* dst, std::int64_t row_stride, const Element* src,
+                                           int rows, int cols) {
+  constexpr int kChunks = kRows * Tr::kChunksPerRow;
+#pragma unroll
+  for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+    const int idx = it * Tr::kThreads + int(threadIdx.x);
+    const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
+    if (r < rows && c < cols)
+      *reinterpret_cast<uint4*>(dst + r * row_stride + c) =
+          *reinterpret_cast<const uint4*>(src + Mat::offset(r, c));
   }
 }
 
@@ -58,6 +102,7 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using PTile = typename Tr::PTile;
+  using DqAccum = DqAccumBlock<Tr>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   const BackwardParams& p = kp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -88,11 +133,10 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
                            p.v_stride.row, rows_k, D, kp.vec8);
   cp_async_commit();
 
-  // Q (kQ) or dO (!kQ) of step i into its buffer `stage`.
-  auto load_q_or_do = [&](auto is_q, int i, int stage) {
+  // Q (kQ) or dO (!kQ) of query head hq, query block m_block into its buffer `stage`.
+  auto load_q_or_do = [&](auto is_q, int hq, int m_block, int stage) {
     constexpr bool kQ = decltype(is_q)::value;
-    const int hq = hk * group + i / n_m;
-    const int m0 = (m_range.begin + i % n_m) * BM;
+    const int m0 = m_block * BM;
     const int rows_q = sq - m0 < BM ? sq - m0 : BM;
     const Strides& st = kQ ? p.q_stride : p.dout_stride;
     load_rows<Tr, QTile, BM>(smem + (kQ ? Tr::kOffQ : Tr::kOffDO) + stage * QTile::kElems,
@@ -103,8 +147,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   constexpr std::true_type kIsQ{};
   constexpr std::false_type kIsDo{};
   if (n_steps > 0) {
-    load_q_or_do(kIsQ, 0, 0);
-    load_q_or_do(kIsDo, 0, 0);
+    load_q_or_do(kIsQ, hk * group, m_range.begin, 0);
+    load_q_or_do(kIsDo, hk * group, m_range.begin, 0);
   }
   cp_async_commit();
 
@@ -123,12 +167,17 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
+  // Steps go head-major: the query blocks of head hk * group, then of the next head, ...
+  int hq = hk * group, m_block = m_range.begin;
   for (int i = 0; i < n_steps; ++i) {
     const int q_stage = Tr::kQStages == 2 ? (i & 1) : 0;
     const int do_stage = Tr::kDoStages == 2 ? (i & 1) : 0;
-    const int hq = hk * group + i / n_m;
-    const int m_block = m_range.begin + i % n_m;
     const int m0 = m_block * BM;
+    // Q or dO of the next step (query head, query block) into buffer `stage`.
+    auto load_next = [&](auto is_q, int stage) {
+      const bool last_block = m_block + 1 == m_range.end;
+      load_q_or_do(is_q, last_block ? hq + 1 : hq, last_block ? m_range.begin : m_block + 1, stage);
+    };
     const Element* const sQ = smem + Tr::kOffQ + q_stage * QTile::kElems;
     const Element* const sdO = smem + Tr::kOffDO + do_stage * QTile::kElems;
     const std::int64_t ws0 = ws_row(p, b, hq, 0);
@@ -149,8 +198,8 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
     // Two buffers: the next block's loads go to the one step i - 1 read.
     if (i + 1 < n_steps) {
-      if constexpr (Tr::kQStages == 2) load_q_or_do(kIsQ, i + 1, q_stage ^ 1);
-      if constexpr (Tr::kDoStages == 2) load_q_or_do(kIsDo, i + 1, do_stage ^ 1);
+      if constexpr (Tr::kQStages == 2) load_next(kIsQ, q_stage ^ 1);
+      if constexpr (Tr::kDoStages == 2) load_next(kIsDo, do_stage ^ 1);
     }
     cp_async_commit();
 
@@ -171,43 +220,24 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
     __syncthreads();  // P and dS of the whole block are in shared memory
 
-    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
-    // (stored [query][d] = [k][n]: .trans).
-    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dv, sP, kv_row0,
-                                                                            sdO, kv_col0);
-    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
-                                                                            sQ, kv_col0);
-    if constexpr (Tr::kQStages == 1 || Tr::kDoStages == 1) {
-      // One buffer: the next block's load as soon as every warp is done with this one (the
-      // dQ product below reads only dS and K), so it hides behind dQ at least.
-      if (i + 1 < n_steps) {
-        __syncthreads();
-        if constexpr (Tr::kQStages == 1) load_q_or_do(kIsQ, i + 1, 0);
-        if constexpr (Tr::kDoStages == 1) load_q_or_do(kIsDo, i + 1, 0);
-      }
-      cp_async_commit();
-    }
-    if (atomic_dq) {
-      // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
-      // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). Rows past the
-      // sequence and columns past the real head dim are not written.
-      float* const dq_rows = kp.dq_accum + ws0 * D;
-      // The common case, uniform over the CTA: the head dim is the instantiated one and the
-      // block lies inside the sequence.
-      const bool dq_whole = D == Tr::kHeadDim && m0 + BM <= sq;
+    // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
+    // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). A whole block goes in
+    // fragment order (bwd_dq_accum_layout.hpp: each atomic instruction one 128-byte line);
+    // otherwise row-major, rows past the sequence and columns past the real head dim dropped.
+    auto add_dq = [&] {
+      if (!atomic_dq) return;
+      const bool fragment_order = DqAccum::fragment_order(D, m0, sq);
 #pragma unroll
-      for (int chunk = 0; chunk < Tr::kDqNT / Tr::kDqChunkNT; ++chunk) {
+      for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
         const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
         float acc_dq[Tr::kDqMT][Tr::kDqChunkNT][4];
         clear_acc(acc_dq);
         warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
             acc_dq, sdS, q_row0, sK, col0);
-        if (dq_whole) {
-          // Every element in range: one address per thread, the rest compile-time offsets
-          // from it (no per-element address arithmetic or branch, and no register reuse
-          // that would make each atomic wait for the previous one to read its address).
-          float* const base = dq_rows + std::int64_t(m0 + q_row0 + acc_row(0, 0)) * Tr::kHeadDim +
-                              col0 + acc_col(0, 0);
+        if (fragment_order) {
+          // One address per thread, the rest compile-time offsets from it.
+          float* const base = kp.dq_accum + (ws0 + m0) * Tr::kHeadDim +
+                              DqAccum::lane_offset(warp, threadIdx.x & 31, chunk);
 #pragma unroll
           for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
@@ -216,10 +246,10 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
               for (int nt = 0; nt < Tr::kDqChunkNT; ++nt)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2)
-                  atomicAdd(base + (mt * 16 + h * 8) * Tr::kHeadDim + nt * 8 + e2,
-                            acc_dq[mt][nt][2 * h + e2]);
+                  atomicAdd(base + DqAccum::value(mt, h, nt, e2) * 32, acc_dq[mt][nt][2 * h + e2]);
           continue;
         }
+        float* const dq_rows = kp.dq_accum + ws0 * D;
 #pragma unroll
         for (int mt = 0; mt < Tr::kDqMT; ++mt)
 #pragma unroll
@@ -236,40 +266,72 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
               }
           }
       }
+    };
+
+    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (stored [query][key]: .trans), B = dO / Q
+    // (stored [query][d] = [k][n]: .trans). With two Q buffers, as FlashAttention-2: dV, then
+    // (one dO buffer: once every warp is done with it) the next dO load, then dQ, whose atomics
+    // drain while dK runs. With one Q buffer the next block's loads wait for dK, so they go
+    // before dQ, which reads only dS and K.
+    warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dv, sP, kv_row0,
+                                                                            sdO, kv_col0);
+    if constexpr (Tr::kQStages == 2) {
+      if constexpr (Tr::kDoStages == 1) {
+        if (i + 1 < n_steps) {
+          __syncthreads();
+          load_next(kIsDo, 0);
+        }
+        cp_async_commit();
+      }
+      add_dq();
+      warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
+                                                                              sQ, kv_col0);
+    } else {
+      warp_gemm<Element, Tr::kDkvMT, Tr::kDkvNT, BM, PTile, true, QTile, true>(acc_dk, sdS, kv_row0,
+                                                                              sQ, kv_col0);
+      if (i + 1 < n_steps) {
+        __syncthreads();
+        load_next(kIsQ, 0);
+        if constexpr (Tr::kDoStages == 1) load_next(kIsDo, 0);
+      }
+      cp_async_commit();
+      add_dq();
+    }
+    if (++m_block == m_range.end) {
+      m_block = m_range.begin;
+      ++hq;
     }
   }
 
   cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
 
-  // dK * scale and dV straight from the accumulators; rows past the sequence's seqlen_k and
-  // columns past the real head dim dropped.
+  // dK * scale and dV; rows past the sequence's seqlen_k and columns past the real head dim
+  // dropped.
   Element* const dk = static_cast<Element*>(p.dk) +
                       seq.offset(p.dk_stride, seq.batch_k, seq.row_k + n0, hk);
   Element* const dv = static_cast<Element*>(p.dv) +
                       seq.offset(p.dv_stride, seq.batch_k, seq.row_k + n0, hk);
-  // The usual case (instantiated head dim, even row strides, 4-byte aligned rows): a thread's
-  // two neighbouring columns as one 4-byte store, from one row address per row (half the
-  // stores and none of the per-element column checks). Otherwise 2-byte stores.
-  const bool pairs = D == Tr::kHeadDim && p.dk_stride.row % 2 == 0 && p.dv_stride.row % 2 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(dk) % 4 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(dv) % 4 == 0;
-  if (pairs) {
+  // The usual case (head dim a multiple of 8, 16-byte aligned rows): through shared memory
+  // (K and V are dead), then 16-byte stores of whole row chunks, as the loads came in. Straight
+  // from the accumulators, every store instruction of a warp would touch 8 rows with 4 bytes
+  // per lane (8 times the store instructions and L2 requests), the CTA's last act before the
+  // next one can start on its SM.
+  const bool vec_out = kp.vec8 && D % 8 == 0 && p.dk_stride.row % 8 == 0 &&
+                       p.dv_stride.row % 8 == 0 &&
+                       (reinterpret_cast<std::uintptr_t>(dk) | reinterpret_cast<std::uintptr_t>(dv)) % 16 == 0;
+  if (vec_out) {
 #pragma unroll
     for (int mt = 0; mt < Tr::kDkvMT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = kv_row0 + acc_row(mt, h);
-        if (row >= rows_k) continue;
-        Element* const dk_row = dk + row * p.dk_stride.row + kv_col0 + acc_col(0, 0);
-        Element* const dv_row = dv + row * p.dv_stride.row + kv_col0 + acc_col(0, 0);
+      for (int nt = 0; nt < Tr::kDkvNT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < Tr::kDkvNT; ++nt) {
-          *reinterpret_cast<std::uint32_t*>(dk_row + nt * 8) = pack2<Element>(
-              acc_dk[mt][nt][2 * h] * p.scale, acc_dk[mt][nt][2 * h + 1] * p.scale);
-          *reinterpret_cast<std::uint32_t*>(dv_row + nt * 8) =
-              pack2<Element>(acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
-        }
-      }
+        for (int e = 0; e < 4; ++e) acc_dk[mt][nt][e] *= p.scale;
+    __syncthreads();  // every warp is done with K and V
+    store_acc<KTile>(sK, acc_dk, kv_row0, kv_col0);
+    store_acc<KTile>(sV, acc_dv, kv_row0, kv_col0);
+    __syncthreads();
+    store_rows<Tr, KTile, BN>(dk, p.dk_stride.row, sK, rows_k, D);
+    store_rows<Tr, KTile, BN>(dv, p.dv_stride.row, sV, rows_k, D);
     return;
   }
 #pragma unroll

@@ -44,6 +44,16 @@ void launch_bwd_main(const BwdKernelParams& kp, int n_blocks, cudaStream_t strea
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 
+// The post-pass in the main kernel's query blocks and threads (it reads dq_accum in the order
+// that kernel wrote it).
+template <class E, int kTileIndex>
+void launch_bwd_postprocess(const BwdKernelParams& kp, cudaStream_t stream) {
+  using Tr = BwdMainTraits<E, kTileIndex>;
+  const int m_blocks = int((std::int64_t(kp.p.seqlen_q) + Tr::kBlockM - 1) / Tr::kBlockM);
+  const dim3 grid(m_blocks, kp.p.heads_q, kp.p.batch);
+  bwd_postprocess<E, kTileIndex><<<grid, Tr::kThreads, 0, stream>>>(kp);
+}
+
 template <class E, int kHeadDim>
 void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   using T = typename NativeOf<E>::type;
@@ -96,8 +106,13 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
     const int m_blocks = int((std::int64_t(p.seqlen_q) + Tr::kBlockM - 1) / Tr::kBlockM);
     const dim3 grid(m_blocks, p.heads_q, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
-  } else {
-    bwd_postprocess<T><<<row_grid, 32 * kRowsPerCta, 0, stream>>>(kp);
+  } else if (tile == kTile0) {
+    launch_bwd_postprocess<E, kTile0>(kp, stream);
+  } else if constexpr (kTile1 >= 0) {
+    if (tile == kTile1)
+      launch_bwd_postprocess<E, kTile1>(kp, stream);
+    else if constexpr (kTile2 >= 0)
+      launch_bwd_postprocess<E, kTile2>(kp, stream);
   }
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }

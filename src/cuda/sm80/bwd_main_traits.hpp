@@ -73,6 +73,8 @@ struct BwdMainTraits {
   static constexpr int kDqMT = kDqRows / 16, kDqNT = kDqCols / 8;
   static constexpr int kDqChunkNT = kDqNT % 8 == 0 ? 8 : kDqNT % 6 == 0 ? 6 : kDqNT % 4 == 0 ? 4 : 2;
   static_assert(kDqNT % kDqChunkNT == 0 && kDqChunkNT % 2 == 0);
+  static constexpr int kDqChunks = kDqNT / kDqChunkNT;
+  static constexpr int kDqVals = kDqMT * kDqChunkNT * 4;  // a lane's dQ values per chunk
 
   // Shared memory, in elements: Q[kQStages] | dO[kDoStages] | K | V | P | dS.
   using QTile = SmemMatrix<kBlockM, kHeadDim>;   // Q and dO

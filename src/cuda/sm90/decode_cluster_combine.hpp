@@ -43,11 +43,16 @@ __device__ void cluster_combine_store(const float* part_o, const float* part_lse
   for (int e = rank * threads + int(threadIdx.x); e < rows_here * kHeadDim; e += splits * threads) {
     const int r = e / kHeadDim, col = e % kHeadDim;
     if (col >= p.head_dim_v) continue;
-    // The loads of different splits do not depend on each other: all in flight at once.
-    float l[kDecodeClusterMaxSplits];
+    // Every split's lse and O element is loaded before any is used, so the remote reads
+    // overlap: one distributed-shared-memory round trip per element instead of one per split
+    // (the O reads waited behind a branch on the weight). A split that saw none of the row's
+    // keys holds O = 0 (the kernel writes exact zeros) and weighs 0.
+    float l[kDecodeClusterMaxSplits], o[kDecodeClusterMaxSplits];
 #pragma unroll
-    for (int s = 0; s < kDecodeClusterMaxSplits; ++s)
+    for (int s = 0; s < kDecodeClusterMaxSplits; ++s) {
       l[s] = s < splits ? cluster.map_shared_rank(part_lse, s)[r] : -INFINITY;
+      o[s] = s < splits ? cluster.map_shared_rank(part_o, s)[r * kHeadDim + col] : 0.f;
+    }
     float m = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kDecodeClusterMaxSplits; ++s) m = fmaxf(m, l[s]);
@@ -59,11 +64,8 @@ __device__ void cluster_combine_store(const float* part_o, const float* part_lse
     float acc = 0.f;
     if (!empty) {
 #pragma unroll
-      for (int s = 0; s < kDecodeClusterMaxSplits; ++s) {
-        // A split that saw no key weighs 0 and its partial is never multiplied.
-        const float w = l[s] == -INFINITY ? 0.f : expf(l[s] - lse);
-        if (w != 0.f) acc = fmaf(w, cluster.map_shared_rank(part_o, s)[r * kHeadDim + col], acc);
-      }
+      for (int s = 0; s < kDecodeClusterMaxSplits; ++s)
+        acc = fmaf(l[s] == -INFINITY ? 0.f : expf(l[s] - lse), o[s], acc);
     }
     const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
     static_cast<Element*>(p.out)[b * p.out_stride.batch + std::int64_t(t) * p.out_stride.row +

@@ -113,19 +113,37 @@ inline bool fwd_covers(const ForwardParams& p) {
          tma_compatible(p.out, p.out_stride, rows_q, p.heads_q, batches);
 }
 
+// The paged instantiation (a KV cache's pages, kp.paged) reads K and V in boxes of 16 rows of
+// one page each (fwd_traits.hpp, kPageBoxRows): pages of a multiple of 16 keys, the page pool's
+// strides TMA-compatible; q and out as for any varlen call.
+constexpr int kPagedBoxRows = 16;
+inline bool fwd_covers_paged(const ForwardParams& p, const PagedKV& paged) {
+  if (p.fp8_inputs()) return false;  // the FP8 forward has no paged instantiation
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  if (find_fwd_kernel(p) == nullptr) return false;
+  if (paged.page_size <= 0 || paged.page_size % kPagedBoxRows != 0 || paged.num_pages <= 0)
+    return false;
+  if (p.total_rows_q > INT_MAX) return false;
+  const int rows_q = tma_rows_q(p), batches = tma_batches(p);
+  return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches) &&
+         tma_compatible(p.out, p.out_stride, rows_q, p.heads_q, batches) &&
+         tma_compatible(p.k, p.k_stride, paged.page_size, p.heads_kv, paged.num_pages) &&
+         tma_compatible(p.v, p.v_stride, paged.page_size, p.heads_kv, paged.num_pages);
+}
+
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
   const int block_m = fwd_tile_of(k).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
-// "..._hdim192x128_..." for D 192, Dv 128).
-inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false) {
+// "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache).
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false) {
   const Sm90FwdTile t = fwd_tile_of(k);
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
-                     (split ? "_splitkv" : ""));
+                     (paged ? "_paged" : "") + (split ? "_splitkv" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

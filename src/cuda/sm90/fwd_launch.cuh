@@ -42,11 +42,21 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{}, gmem_view(q, tma_rows_q(p), p.head_dim, p.heads_q, tma_batches(p), p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
-  params.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
-      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
-      _1{});
-  if constexpr (Traits::kFp8) {
+  if constexpr (Traits::kPaged) {
+    // The page pool as (row in page, dim, head, page): boxes of kPageBoxRows rows (fwd_mainloop.hpp).
+    const PagedKV& pg = kp.paged;
+    constexpr int kBox = Traits::kPageBoxRows;
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutKBoxes{}), Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
+    params.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride),
+        take<0, 2>(typename Traits::SmemLayoutVBoxes{}), Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+  } else if constexpr (Traits::kFp8) {
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
     // V^T [Hkv, Dv, W] from the pre-pass, read as (Dv, key, kv head, 1) tiles of Dv x kBlockN.
     const std::int64_t columns = fp8_vt_row_columns(p);
     Strides vt_stride;
@@ -60,6 +70,10 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
         take<0, 2>(typename Traits::SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<Traits::kBlockN>>{},
         _1{});
   } else {
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
     params.tma_v = make_tma_copy(
         SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
         take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
@@ -101,17 +115,25 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
 // split-KV calls (kSplit: the epilogue writes partials for the combine).
-// FP8 runs unsplit only (the planner plans no split for it).
+// A paged KV cache (kp.paged) runs the varlen instantiation with paged K/V loads. FP8 runs
+// unsplit and unpaged only (the planner plans neither for it).
 template <class Element, int kHeadDim, int kHeadDimV>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   if constexpr (std::is_same_v<Element, cutlass::float_e4m3_t>) {
+    if (kp.num_splits > 1 || kp.paged.block_table != nullptr)
+      throw Error("fp8 forward: no split-KV or paged instantiation (planner error)");
     if (kp.p.is_varlen())
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
     else
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
   } else {
     const bool split = kp.num_splits > 1;
-    if (kp.p.is_varlen()) {
+    if (kp.paged.block_table != nullptr) {
+      if (split)
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, true>(kp, stream);
+      else
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, false>(kp, stream);
+    } else if (kp.p.is_varlen()) {
       if (split)
         launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, true>(kp, stream);
       else

@@ -69,82 +69,89 @@ struct FwdMainloop {
   // `work` counts the tiles with work this CTA has loaded before (the Q barriers' phase);
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
-  // has completed.
+  // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
                        int head, int batch, BlockRange range, int work, PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
 
     // This sequence's rows: (row, dim) views shifted to its first row (0 unless varlen).
     Tensor mQ = domain_offset(
         make_coord(int(seq.row_q), _0{}),
         params.tma_q.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim, p.heads_q,
                                                tma_batches(p)))(_, _, head, int(seq.batch_q)));
-    Tensor mK = domain_offset(
-        make_coord(int(seq.row_k), _0{}),
-        params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
-                                               tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
-    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                      group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = [&] {
-      if constexpr (Traits::kFp8) {
-        // V^T of this sequence and kv head: (Dv, key) from its start in the workspace.
-        Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
-        const std::int64_t first_row = seq.row_k + seq.batch_k * p.seqlen_k;
-        Tensor mVt = domain_offset(
-            make_coord(_0{}, int(fp8_vt_seq_start(first_row, batch))),
-            params.tma_v.get_tma_tensor(make_shape(p.head_dim_v, int(fp8_vt_row_columns(p)),
-                                                   p.heads_kv, 1))(_, _, head_kv, 0));
-        Tensor gVt = local_tile(mVt, Shape<Int<kHeadDimV>, Int<kBlockN>>{},
-                                make_coord(_0{}, _));  // (Dv, kBlockN, n)
-        return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt),
-                             group_modes<0, 2>(gVt));
-      } else {
-        Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-        Tensor mV = domain_offset(
-            make_coord(int(seq.row_k), _0{}),
-            params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
-                                                   tma_batches(p)))(_, _, head_kv,
-                                                                    int(seq.batch_k)));
-        Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
-        return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                             group_modes<0, 2>(gV));
-      }
-    }();
 
     // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
     using cute::TMA::CacheHintSm90;
-    auto load_k = [&](int n) {
-      pipeline_k.producer_acquire(state);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
-                             CacheHintSm90::EVICT_LAST),
-           tKgK(_, n), tKsK(_, state.index()));
-    };
-    auto load_v = [&](int n) {
-      pipeline_v.producer_acquire(state);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
-                             CacheHintSm90::EVICT_LAST),
-           tVgV(_, n), tVsV(_, state.index()));
-      ++state;
+    auto issue = [&](auto&& load_k, auto&& load_v) {
+      load_k(range.end - 1);
+      if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
+                                                                     Traits::kQBytes);
+      copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      load_v(range.end - 1);
+      for (int n = range.end - 2; n >= range.begin; --n) {
+        load_k(n);
+        load_v(n);
+      }
     };
 
-    load_k(range.end - 1);
-    if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full, Traits::kQBytes);
-    copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
-    load_v(range.end - 1);
-    for (int n = range.end - 2; n >= range.begin; --n) {
-      load_k(n);
-      load_v(n);
+    if constexpr (Traits::kPaged) {
+      load_paged(params, seq, head_kv, batch, state, pipeline_k, pipeline_v, ss, issue);
+    } else {
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+      Tensor mK = domain_offset(
+          make_coord(int(seq.row_k), _0{}),
+          params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
+                                                 tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
+      auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = [&] {
+        if constexpr (Traits::kFp8) {
+          // V^T of this sequence and kv head: (Dv, key) from its start in the workspace.
+          Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+          const std::int64_t first_row = seq.row_k + seq.batch_k * p.seqlen_k;
+          Tensor mVt = domain_offset(
+              make_coord(_0{}, int(fp8_vt_seq_start(first_row, batch))),
+              params.tma_v.get_tma_tensor(make_shape(p.head_dim_v, int(fp8_vt_row_columns(p)),
+                                                     p.heads_kv, 1))(_, _, head_kv, 0));
+          Tensor gVt = local_tile(mVt, Shape<Int<kHeadDimV>, Int<kBlockN>>{},
+                                  make_coord(_0{}, _));  // (Dv, kBlockN, n)
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt),
+                               group_modes<0, 2>(gVt));
+        } else {
+          Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+          Tensor mV = domain_offset(
+              make_coord(int(seq.row_k), _0{}),
+              params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                                                     tma_batches(p)))(_, _, head_kv,
+                                                                      int(seq.batch_k)));
+          Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                               group_modes<0, 2>(gV));
+        }
+      }();
+      auto load_k = [&](int n) {
+        pipeline_k.producer_acquire(state);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
+                               CacheHintSm90::EVICT_LAST),
+             tKgK(_, n), tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n) {
+        pipeline_v.producer_acquire(state);
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
+                               CacheHintSm90::EVICT_LAST),
+             tVgV(_, n), tVsV(_, state.index()));
+        ++state;
+      };
+      issue(load_k, load_v);
     }
   }
 
@@ -173,6 +180,7 @@ struct FwdMainloop {
     // (row, col) of every S element in the 128 x kBlockN tile (rows include this
     // warpgroup's 64-row offset).
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor c_rc = make_tensor(tScS.data(), wgmma_acc_rowcol(tScS.layout()));
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
@@ -215,11 +223,20 @@ struct FwdMainloop {
         for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in_scale);
       }
       if (n >= unmasked.end || n < unmasked.begin) {
+        // The row's visible keys in this block once per row (64-bit), then two int compares
+        // per element: the per-element 64-bit test was a third of the instructions of a d64
+        // causal N = 512 call (ncu on the H100).
         const int n0 = n * kBlockN;
+        Tensor sc_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          const auto c = tScS(i);
-          if (!mask.visible(m0 + get<0>(c), n0 + get<1>(c))) acc_s(i) = -INFINITY;
+        for (int r = 0; r < size<0>(sc_rc); ++r) {
+          int first, last;
+          mask.row_window(m0 + get<0>(c_rc(r, 0)), n0, kBlockN, first, last);
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(sc_rc); ++c) {
+            const int col = get<1>(c_rc(r, c));
+            if (col < first || col > last) sc_rc(r, c) = -INFINITY;
+          }
         }
       }
     };
@@ -363,6 +380,78 @@ struct FwdMainloop {
         p32(4 * c + reg) = pair(16 * c + fp8_pv_acc_index(reg, 0)) |
                            (pair(16 * c + fp8_pv_acc_index(reg, 2)) << 16);
     }
+  }
+
+  // The paged instantiation's K and V loads: key block n arrives as kPageBoxes boxes of
+  // kPageBoxRows rows, box j from the page of key n * kBlockN + j * kPageBoxRows (a page holds
+  // whole boxes: its size is a multiple of kPageBoxRows), into rows j * kPageBoxRows... of the
+  // stage; the stage's transaction byte count is the contiguous one. A box past the sequence's
+  // keys, or whose block-table entry is outside [0, num_pages), is addressed at page num_pages,
+  // outside the descriptor: TMA fills it with zeros and reads no memory (its bytes still count).
+  // Rows past the sequence inside a used page are masked (K) and zeroed (V) by the consumers.
+  template <class Issue>
+  __device__ void load_paged(const FwdParams<Traits>& params, const SeqlenInfo& seq,
+                             int head_kv, int batch, PipelineState& state,
+                             Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss,
+                             Issue&& issue) const {
+    using cute::TMA::CacheHintSm90;
+    constexpr int kBoxRows = Traits::kPageBoxRows;
+    constexpr int kBoxes = Traits::kPageBoxes;
+    const ForwardParams& p = params.kp.p;
+    const PagedKV& pg = params.kp.paged;
+    // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
+    Tensor mK = params.tma_k.get_tma_tensor(
+        make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+    Tensor mV = params.tma_v.get_tma_tensor(
+        make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+    Tensor gK = flat_divide(mK, Shape<Int<kBoxRows>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+    Tensor gV = flat_divide(mV, Shape<Int<kBoxRows>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKBoxes{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVBoxes{});
+    // tKgK (TMA, box in page, page); tKsK (TMA, box in block, stage); the same for V.
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+
+    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
+    // Page and box (within the page) of the box holding `key`.
+    auto locate = [&](int key, int& page, int& box) {
+      int entry = pg.num_pages;
+      int in_page = 0;
+      if (key < seq.seqlen_k) {
+        const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+        in_page = key - index * pg.page_size;
+        entry = table[index];
+        if (entry < 0 || entry >= pg.num_pages) entry = pg.num_pages;
+      }
+      page = entry;
+      box = in_page / kBoxRows;
+    };
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(state);
+      auto& full = *pipeline_k.producer_get_barrier(state);
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        int page, box;
+        locate(n * kBlockN + j * kBoxRows, page, box);
+        copy(params.tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box, page),
+             tKsK(_, j, state.index()));
+      }
+    };
+    auto load_v = [&](int n) {
+      pipeline_v.producer_acquire(state);
+      auto& full = *pipeline_v.producer_get_barrier(state);
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        int page, box;
+        locate(n * kBlockN + j * kBoxRows, page, box);
+        copy(params.tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box, page),
+             tVsV(_, j, state.index()));
+      }
+      ++state;
+    };
+    issue(load_k, load_v);
   }
 
   // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this

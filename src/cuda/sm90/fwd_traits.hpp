@@ -29,12 +29,19 @@ using namespace cute;
 // workspace (fwd_fp8_vt_prepass.cuh) with its own TMA descriptor; P is packed into the e4m3
 // A fragment in the accumulator's key order (fp8_pv_order.hpp); its own tile table rows; the
 // 16-bit types (ElementOut) for O. For fp16 and bf16 every type below is what it was before.
-template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
+// kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
+// arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
+// the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
+          bool kPaged_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr bool kFp8 = std::is_same_v<Element, cutlass::float_e4m3_t>;
   using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kPaged = kPaged_;
+  static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
+  static_assert(!(kFp8 && kPaged), "the FP8 forward has no paged instantiation");
   // FP8: sum each key block's P V in a fresh accumulator and add it to O in fp32 (long rows,
   // fwd_mainloop.hpp), up to the head dim FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM (default
   // 128: at d256 the second Dv-wide accumulator does not fit the consumers' registers).
@@ -121,16 +128,40 @@ struct FwdTraits {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                      take<0, 2>(SmemLayoutK{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaKBlock = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutK{}),
+                                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   // FP8: the (Dv, key, kv head, 1) view of the workspace's V^T, tiles of Dv x kBlockN.
-  using TmaV = std::conditional_t<
+  using TmaVBlock = std::conditional_t<
       kFp8,
       decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutVtFp8{}),
                              Shape<Int<kHeadDimV>, Int<kVtKeys>>{}, _1{})),
       decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
                              Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}))>;
+
+  // Paged: a K (V) stage as kBlockN / kPageBoxRows boxes of kPageBoxRows rows, (row, dim, box,
+  // stage), over the same swizzled bytes. A box starts at a multiple of 16 rows, so at a
+  // multiple of the 8-row (1024-byte) swizzle period: each box is swizzled as a box of its own
+  // would be, which is what TMA writes. The descriptors view the page pool as (row in page,
+  // dim, head, page), so page sizes that are multiples of kPageBoxRows work, any page stride.
+  static constexpr int kPageBoxRows = 16;
+  static_assert(kBlockN % kPageBoxRows == 0, "whole boxes per key block");
+  static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
+  template <class StageLayout, int kDim>
+  using BoxesOf = decltype(composition(
+      StageLayout{}, make_layout(Shape<Int<kPageBoxRows>, Int<kDim>, Int<kPageBoxes>, Int<kStages>>{},
+                                 make_stride(_1{}, Int<kBlockN>{}, Int<kPageBoxRows>{},
+                                             Int<kBlockN * kDim>{}))));
+  using SmemLayoutKBoxes = BoxesOf<SmemLayoutK, kHeadDim>;
+  using SmemLayoutVBoxes = BoxesOf<SmemLayoutV, kHeadDimV>;
+  using TmaKPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutKBoxes{}),
+                                           Shape<Int<kPageBoxRows>, Int<kHeadDim>>{}, _1{}));
+  using TmaVPaged = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutVBoxes{}),
+                                           Shape<Int<kPageBoxRows>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = std::conditional_t<kPaged, TmaKPaged, TmaKBlock>;
+  using TmaV = std::conditional_t<kPaged, TmaVPaged, TmaVBlock>;
 
   // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
