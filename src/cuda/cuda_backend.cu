@@ -27,6 +27,7 @@
 #include "cuda/sm90/decode_dispatch.hpp"
 #include "cuda/sm80/fwd_dispatch.hpp"
 #include "cuda/sm90/bwd_dispatch.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
 
@@ -168,16 +169,25 @@ int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
   return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
 }
 
-// dynamic_deal: a varlen call's workspace also holds the tile counter.
+// FP8 inputs: the V^T the pre-pass writes (fp8_vt_layout.hpp) leads the workspace, rounded
+// to 16 bytes; 0 otherwise.
+std::size_t fp8_vt_workspace_bytes(const ForwardParams& p) {
+  if (!p.fp8_inputs()) return 0;
+  return std::size_t(sm90::fp8_vt_bytes(p) + 15) / 16 * 16;
+}
+
+// dynamic_deal: a varlen call's workspace also holds the tile counter. FP8 runs unsplit (its
+// kernel has no split-KV form); its workspace (V^T) is required.
 Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   const sm90::FwdKernel& k = *sm90::find_fwd_kernel(p);
+  const bool fp8 = p.fp8_inputs();
   Plan plan;
   plan.backend = Backend::cuda_sm90;
   plan.kernel_index = int(&k - sm90::kFwdKernels);
   plan.splits_optional = p.num_splits <= 0;
-  plan.num_splits = plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
+  plan.num_splits = fp8 ? 1 : plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
   plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1);
-  plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits) +
+  plan.workspace_bytes = fp8_vt_workspace_bytes(p) + split_workspace_bytes(p, plan.num_splits) +
                          (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
 }
@@ -235,9 +245,19 @@ void fold_scales(KernelParams& kp) {
 RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream stream,
                          Workspace workspace, const PagedKV& paged = {}) {
   const sm90::FwdKernel& kernel = sm90::kFwdKernels[plan.kernel_index];
-  const int splits = splits_to_run(plan, workspace);
   FwdKernelParams kp;
   kp.p = params;
+  // FP8: V^T first (required), then what an unsplit call may have (the tile counter).
+  const std::size_t vt_bytes = fp8_vt_workspace_bytes(params);
+  if (vt_bytes > 0) {
+    check_workspace(workspace, vt_bytes, " for the fp8 forward's transposed V");
+    kp.fp8_v_t = static_cast<std::uint8_t*>(workspace.data);
+    workspace.data = static_cast<char*>(workspace.data) + vt_bytes;
+    workspace.bytes -= vt_bytes;
+  }
+  Plan rest = plan;
+  rest.workspace_bytes -= vt_bytes;
+  const int splits = splits_to_run(rest, workspace);
   kp.num_splits = splits;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
   kp.paged = paged;
@@ -247,7 +267,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
     kp.lse_accum = kp.o_accum + split_o_accum_elems(params, splits);
   }
   // The tile counter, where the plan asked for one and the workspace holds it.
-  if (plan.workspace_bytes >= split_bytes + kTileCounterBytes && workspace.data != nullptr &&
+  if (rest.workspace_bytes >= split_bytes + kTileCounterBytes && workspace.data != nullptr &&
       workspace.bytes >= split_bytes + kTileCounterBytes &&
       reinterpret_cast<std::uintptr_t>(workspace.data) % 16 == 0)
     kp.tile_counter = reinterpret_cast<int*>(static_cast<char*>(workspace.data) + split_bytes);
@@ -412,15 +432,39 @@ int device_count() {
   return n;
 }
 
+// FP8 inputs run on the sm90a fp8 forward only (no sm80 kernel reads e4m3 q, k, v): every
+// other case is an error that says which condition failed.
+Plan plan_fp8_forward(const ForwardParams& p, const DeviceInfo& dev, Backend requested) {
+  const std::string what = "cuda forward: fp8_e4m3 q, k, v ";
+  if (!sm90_asked(dev, requested))
+    throw Error(what + "run only on the sm90a forward: a Hopper GPU with backend automatic "
+                "(FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
+  if (p.dtype != ElementType::bf16)
+    throw Error("out: expected dtype bf16 for fp8_e4m3 inputs on cuda, got " +
+                std::string(dtype_name(p.dtype)) + " (fp16 out runs on cpu_reference only)");
+  if (p.head_dim != p.head_dim_v)
+    throw Error(what + "need head_dim == head_dim_v (got " + std::to_string(p.head_dim) + " and " +
+                std::to_string(p.head_dim_v) + ")");
+  if (p.num_splits > 1)
+    throw Error("num_splits: the fp8 forward does not split the keys (pass 0 or 1), got " +
+                std::to_string(p.num_splits));
+  if (sm90::find_fwd_kernel(p) == nullptr)
+    throw Error(what + "with head_dim " + std::to_string(p.head_dim) +
+                ": no sm90a fp8 forward kernel in this build covers it (fp8_e4m3 forward head "
+                "dims: " + built_head_dim_pairs(sm90::kFwdKernels, ElementType::fp8_e4m3) +
+                "; configure with fp8_e4m3 in FLASHCPP_DTYPES and 90a in FLASHCPP_CUDA_ARCHS)");
+  if (!sm90::fwd_covers(p))
+    throw Error(what + "need 16-byte aligned pointers and strides that are multiples of 16 bytes "
+                "(varlen: under 2^31 rows)");
+  return plan_sm90_forward(p);
+}
+
 Plan plan_forward(const ForwardParams& params, Backend requested) {
-  // Validation refuses these first; no forward kernel here reads fp8 (they would read bytes
-  // as 16-bit elements).
-  if (params.fp8_inputs())
-    throw Error("cuda forward: fp8_e4m3 inputs are not supported by the cuda forward yet");
   const DeviceInfo& dev = checked_device(params.device, requested);
   if (requested == Backend::cuda_sm90 && !sm90::any_fwd_built())
     throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
+  if (params.fp8_inputs()) return log_plan("forward", params, plan_fp8_forward(params, dev, requested));
   if (sm90_asked(dev, requested) && sm90_forward_runs(params))
     return log_plan("forward", params, plan_sm90_forward(params));
   if (params.head_dim_v != params.head_dim)

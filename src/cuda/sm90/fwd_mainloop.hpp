@@ -20,12 +20,18 @@
 // lets warpgroup 0 start the next tile while warpgroup 1 still runs its epilogue (and the
 // other way round). Warpgroup 1 gives the very first turn (pingpong_start) and warpgroup 0
 // takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
+//
+// FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
+// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), and the
+// q and k descales of the tile's (sequence, kv head) scale the scores.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fp8_pv_order.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -99,22 +105,39 @@ struct FwdMainloop {
       load_paged(params, seq, head_kv, batch, state, pipeline_k, pipeline_v, ss, issue);
     } else {
       Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
-      Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
       Tensor mK = domain_offset(
           make_coord(int(seq.row_k), _0{}),
           params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
                                                  tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
-      Tensor mV = domain_offset(
-          make_coord(int(seq.row_k), _0{}),
-          params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
-                                                 tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
       Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
                              make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
       auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{},
-                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      auto [tVgV, tVsV] = [&] {
+        if constexpr (Traits::kFp8) {
+          // V^T of this sequence and kv head: (Dv, key) from its start in the workspace.
+          Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+          const std::int64_t first_row = seq.row_k + seq.batch_k * p.seqlen_k;
+          Tensor mVt = domain_offset(
+              make_coord(_0{}, int(fp8_vt_seq_start(first_row, batch))),
+              params.tma_v.get_tma_tensor(make_shape(p.head_dim_v, int(fp8_vt_row_columns(p)),
+                                                     p.heads_kv, 1))(_, _, head_kv, 0));
+          Tensor gVt = local_tile(mVt, Shape<Int<kHeadDimV>, Int<kBlockN>>{},
+                                  make_coord(_0{}, _));  // (Dv, kBlockN, n)
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt),
+                               group_modes<0, 2>(gVt));
+        } else {
+          Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+          Tensor mV = domain_offset(
+              make_coord(int(seq.row_k), _0{}),
+              params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                                                     tma_batches(p)))(_, _, head_kv,
+                                                                      int(seq.batch_k)));
+          Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                               group_modes<0, 2>(gV));
+        }
+      }();
       auto load_k = [&](int n) {
         pipeline_k.producer_acquire(state);
         copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
@@ -139,7 +162,8 @@ struct FwdMainloop {
   // block n + 1) and meet again at its end.
   template <class AccO, class SoftmaxT>
   __device__ void mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
-                      int m_block, BlockRange range, BlockRange unmasked, int work,
+                      int m_block, int head, int batch, BlockRange range, BlockRange unmasked,
+                      int work,
                       PipelineState& state, Pipeline& pipeline_k, Pipeline& pipeline_v,
                       SharedStorage& ss, int tid, AccO& acc_o, SoftmaxT& softmax) const {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
@@ -160,14 +184,43 @@ struct FwdMainloop {
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    // FP8 with Traits::kFp8PvPromote: each key block's P V goes into a fresh accumulator that
+    // is added to O in fp32 once complete. The e4m3 wgmma adds into its accumulator with only
+    // ~13 bits below the largest term, so an O carried across the whole row by the tensor
+    // cores stops taking small increments once it is ~2^8 times larger than them (long rows).
+    auto acc_pv = [&] {
+      if constexpr (Traits::kFp8PvPromote)
+        return partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+      else
+        return 0;
+    }();
+    auto pv = [&](auto& p_operand, const auto& v_operand) {
+      if constexpr (Traits::kFp8PvPromote)
+        wgmma<true>(mma_pv, p_operand, v_operand, acc_pv);
+      else
+        wgmma<false>(mma_pv, p_operand, v_operand, acc_o);
+    };
+    auto fold_pv = [&] {  // after the block's P V has completed
+      if constexpr (Traits::kFp8PvPromote) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) += acc_pv(i);
+      }
+    };
     const int m0 = m_block * kBlockM;
     const bool has_softcap = kp.softcap_in_scale != 0.f;
+    // FP8: the scores are Q K^T of the codes; q_descale * k_descale joins the score scale (the
+    // softcap's input scale when capped). scale_log2 and softcap_in_scale are kp's otherwise.
+    const float qk_descale = Traits::kFp8 ? score_descale(kp.p, head, batch) : 1.f;
+    const float scale_log2 =
+        Traits::kFp8 && !has_softcap ? kp.scale_log2 * qk_descale : kp.scale_log2;
+    const float softcap_in_scale =
+        Traits::kFp8 ? kp.softcap_in_scale * qk_descale : kp.softcap_in_scale;
 
     // Softcap, then the mask on blocks outside the unmasked band (a uniform branch).
     auto score_mod = [&](auto& acc_s, int n) {
       if (has_softcap) {
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * kp.softcap_in_scale);
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in_scale);
       }
       if (n >= unmasked.end || n < unmasked.begin) {
         // The row's visible keys in this block once per row (64-bit), then two int compares
@@ -217,13 +270,14 @@ struct FwdMainloop {
     pipeline_k.consumer_release(k_state);
     ++k_state;
     score_mod(acc_s, n);
-    softmax.step(s_rc, kp.scale_log2, o_scale);
-    Tensor p_regs = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
+    softmax.step(s_rc, scale_log2, o_scale);
+    Tensor p_regs = first_p(acc_s, mma_pv);
+    Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
-    // so they are zeroed before the block's P V (padded calls load zeros there).
-    if constexpr (Traits::kVarlen) {
+    // so they are zeroed before the block's P V (padded calls load zeros there). FP8: the
+    // pre-pass wrote zeros there.
+    if constexpr (Traits::kVarlen && !Traits::kFp8) {
       if ((n + 1) * kBlockN > seq.seqlen_k) {
         pipeline_v.consumer_wait(v_state);
         zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
@@ -236,20 +290,25 @@ struct FwdMainloop {
       turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
-      wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      pv(tOrP, tOrV(_, _, _, v_state.index()));
       turn_end();
       warpgroup_wait<1>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
       score_mod(acc_s, n);
-      softmax.step(s_rc, kp.scale_log2, o_scale);
+      softmax.step(s_rc, scale_log2, o_scale);
       warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
       pipeline_v.consumer_release(v_state);
       ++v_state;
+      fold_pv();
       Softmax<kRows>::rescale_o(o_rc, o_scale);
-      Tensor p_next = convert_fragment<Element>(acc_s);
-      CUTE_UNROLL
-      for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+      if constexpr (Traits::kFp8) {
+        pack_p_fp8(acc_s, p_regs);
+      } else {
+        Tensor p_next = convert_fragment<Element>(acc_s);
+        CUTE_UNROLL
+        for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+      }
     }
 
     // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q.
@@ -258,15 +317,71 @@ struct FwdMainloop {
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
     turn_begin();
-    wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+    pv(tOrP, tOrV(_, _, _, v_state.index()));
     turn_end();
     warpgroup_wait<0>();
     pipeline_v.consumer_release(v_state);
     ++v_state;
+    fold_pv();
     state = v_state;  // == k_state: every block's K and V consumed
   }
 
  private:
+  // P of the first key block in registers, and the A-operand view of those registers: the
+  // 16-bit P converted in the accumulator's layout, viewed as k16 slices; FP8: the e4m3 A
+  // fragment itself (pack_p_fp8).
+  template <class AccS, class TiledMmaPV>
+  __device__ static auto first_p(const AccS& acc_s, const TiledMmaPV& mma_pv) {
+    if constexpr (Traits::kFp8) {
+      Tensor p = make_tensor<Element>(
+          partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      pack_p_fp8(acc_s, p);
+      return p;
+    } else {
+      return convert_fragment<Element>(acc_s);
+    }
+  }
+  template <class Layout>
+  __device__ static auto p_operand_layout(Layout l) {
+    if constexpr (Traits::kFp8)
+      return l;
+    else
+      return wgmma_acc_as_a_operand(l);
+  }
+
+  // FP8: q_descale * k_descale of the tile's (sequence, kv head).
+  __device__ static float score_descale(const ForwardParams& p, int head, int batch) {
+    const int head_kv = head / (p.heads_q / p.heads_kv);
+    return p.q_descale.at(batch, head_kv) * p.k_descale.at(batch, head_kv);
+  }
+
+  // FP8: P (the S accumulator after the softmax step, ((2, 2, kBlockN/8), 1, 1) in the wgmma
+  // f32 layout) into the e4m3 A fragment of P V without leaving the thread: for each 32-key
+  // chunk c, byte b of A register r gets accumulator value 16c + fp8_pv_acc_index(r, b)
+  // (fp8_pv_order.hpp: the keys this puts in each slot, which V^T's order matches).
+  // cvt.rn.satfinite.e4m3x2.f32 rounds to nearest (P is in [0, 1]; nothing saturates).
+  template <class AccS, class TensorP>
+  __device__ static void pack_p_fp8(const AccS& acc_s, TensorP& p) {
+    static_assert(decltype(size(acc_s))::value == kBlockN / 2);
+    static_assert(decltype(size(p))::value == kBlockN / 2);
+    Tensor p32 = recast<std::uint32_t>(p);
+    auto pair = [&](int i) {
+      std::uint16_t packed;
+      // The first source operand goes to the upper byte.
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;"
+          : "=h"(packed)
+          : "f"(float(acc_s(i))), "f"(float(acc_s(i + 1))));
+      return std::uint32_t(packed);
+    };
+    CUTE_UNROLL
+    for (int c = 0; c < kBlockN / 32; ++c) {
+      CUTE_UNROLL
+      for (int reg = 0; reg < 4; ++reg)
+        p32(4 * c + reg) = pair(16 * c + fp8_pv_acc_index(reg, 0)) |
+                           (pair(16 * c + fp8_pv_acc_index(reg, 2)) << 16);
+    }
+  }
+
   // The paged instantiation's K and V loads: key block n arrives as one box of kBlockN rows
   // where the page size is a multiple of kBlockN, else as boxes of 64 rows (kPageBoxRowsWide,
   // page sizes that are multiples of 64) or 16 rows (kPageBoxRows), each from its own page;
