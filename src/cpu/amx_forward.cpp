@@ -35,6 +35,7 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/forward_tasks.hpp"
 #include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
@@ -44,10 +45,7 @@ namespace flashcpp::detail::cpu {
 namespace {
 
 constexpr int kStrip = 32;         // query rows per strip: two tile columns of 16
-// Query rows per task: they share each packed key block. The most of 512, 256 or 128 that
-// still leaves 4 tasks a thread.
-constexpr int kTaskRows = 512;
-constexpr int kSmallTaskRows = 128;
+constexpr int kTaskRows = kForwardTaskRows;  // rows per task at most (forward_tasks.hpp)
 constexpr int kBlockKeys = 128;
 // One bf16 part of P^T for 16 rows: [keys / 2][16] pairs.
 constexpr int kPartHalf = kBlockKeys * 16;
@@ -488,11 +486,7 @@ bool amx_forward_usable(const ForwardParams& p) {
 }
 
 void amx_forward(const ForwardParams& p) {
-  const std::int64_t heads = std::int64_t{p.batch} * p.heads_q;
-  int task_rows = kTaskRows;
-  while (task_rows > kSmallTaskRows &&
-         heads * ((p.seqlen_q + task_rows - 1) / task_rows) < 4 * omp_get_max_threads())
-    task_rows /= 2;
+  const int task_rows = forward_task_rows(p);
   const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + task_rows - 1) / task_rows;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
 #pragma omp parallel

@@ -28,6 +28,7 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/forward_tasks.hpp"
 #include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
@@ -38,11 +39,7 @@ namespace flashcpp::detail::cpu {
 namespace {
 
 constexpr int kStrip = 32;          // query rows per strip: the lanes of two zmm registers
-// Query rows per task: they share each converted key block, whose copy is read from memory
-// (at 128 rows, D 128, fp32 it took ~13% of the time). The most of 512, 256 or 128 that still
-// leaves 4 tasks a thread.
-constexpr int kTaskRows = 512;
-constexpr int kSmallTaskRows = 128;
+constexpr int kTaskRows = kForwardTaskRows;  // rows per task at most (forward_tasks.hpp)
 constexpr int kBlockKeys = 128;     // keys per block
 constexpr int kQkKeys = 6;          // keys per S^T microkernel call: 6 x 2 x 2 accumulators
 constexpr int kPvRows = 8;          // rows per P V microkernel call: 8 x 3 accumulators
@@ -411,11 +408,7 @@ bool avx512_forward_usable() {
 }
 
 void avx512_forward(const ForwardParams& p) {
-  const std::int64_t heads = std::int64_t{p.batch} * p.heads_q;
-  int task_rows = kTaskRows;
-  while (task_rows > kSmallTaskRows &&
-         heads * ((p.seqlen_q + task_rows - 1) / task_rows) < 4 * omp_get_max_threads())
-    task_rows /= 2;
+  const int task_rows = forward_task_rows(p);
   const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + task_rows - 1) / task_rows;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
   // Tasks are (batch, head, row block), row block fastest so neighbouring tasks share K/V in
