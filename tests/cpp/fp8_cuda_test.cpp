@@ -326,16 +326,16 @@ struct Errors {
   std::int64_t bad = 0;
 };
 
-// out against the reference with per-element bound rel * |ref| + abs; lse
-// within 1e-3, -inf rows exact.
-Errors compare(const Outputs& got, const Outputs& ref, double rel, double abs_bound) {
+// out and lse against the reference, element i of out within out_bound(i, |ref|) and row i
+// of lse within lse_bound(i); rows without a visible key must give lse exactly -inf.
+template <class OutBound, class LseBound>
+Errors compare_within(const Outputs& got, const Outputs& ref, OutBound out_bound, LseBound lse_bound) {
   Errors e;
   double num = 0, den = 0;
   for (std::int64_t i = 0; i < ref.out.numel(); ++i) {
     const double want = ref.out.get(i), have = got.out.get(i);
     const double err = std::fabs(have - want);
-    const double bound = rel * std::fabs(want) + abs_bound;
-    if (!(err <= bound)) ++e.bad;
+    if (!(err <= out_bound(i, std::fabs(want)))) ++e.bad;
     e.max_out = std::isnan(err) ? INFINITY : std::max(e.max_out, err);
     num += (have - want) * (have - want);
     den += want * want;
@@ -348,10 +348,17 @@ Errors compare(const Outputs& got, const Outputs& ref, double rel, double abs_bo
       continue;
     }
     const double err = std::fabs(have - want);
-    if (!(err <= 1e-3)) ++e.bad;
+    if (!(err <= lse_bound(i))) ++e.bad;
     e.max_lse = std::isnan(err) ? INFINITY : std::max(e.max_lse, err);
   }
   return e;
+}
+
+// out within rel * |ref| + abs_bound, lse within 1e-3.
+Errors compare(const Outputs& got, const Outputs& ref, double rel, double abs_bound) {
+  return compare_within(
+      got, ref, [&](std::int64_t, double want) { return rel * want + abs_bound; },
+      [](std::int64_t) { return 1e-3; });
 }
 
 // The FP8 bound of docs/semantics.md, per element of `out` and per row of `lse`, in float64
@@ -458,28 +465,9 @@ Fp8Bound fp8_bound(const Fp8Case& c, const Fp8Data& d, const Outputs& ref) {
 // out and lse against the reference within the FP8 bound; -inf rows exact.
 Errors compare_fp8(const Outputs& got, const Outputs& ref, const Fp8Bound& bound) {
   EXPECT_EQ(bound.mismatches, 0) << "the bound's own softmax disagrees with the reference";
-  Errors e;
-  double num = 0, den = 0;
-  for (std::int64_t i = 0; i < ref.out.numel(); ++i) {
-    const double want = ref.out.get(i), have = got.out.get(i);
-    const double err = std::fabs(have - want);
-    if (!(err <= bound.out[static_cast<std::size_t>(i)])) ++e.bad;
-    e.max_out = std::isnan(err) ? INFINITY : std::max(e.max_out, err);
-    num += (have - want) * (have - want);
-    den += want * want;
-  }
-  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  for (std::int64_t i = 0; i < ref.lse.numel(); ++i) {
-    const double want = ref.lse.get(i), have = got.lse.get(i);
-    if (std::isinf(want) && want < 0) {
-      if (!(std::isinf(have) && have < 0)) ++e.bad;
-      continue;
-    }
-    const double err = std::fabs(have - want);
-    if (!(err <= bound.lse[static_cast<std::size_t>(i)])) ++e.bad;
-    e.max_lse = std::isnan(err) ? INFINITY : std::max(e.max_lse, err);
-  }
-  return e;
+  return compare_within(
+      got, ref, [&](std::int64_t i, double) { return bound.out[static_cast<std::size_t>(i)]; },
+      [&](std::int64_t i) { return bound.lse[static_cast<std::size_t>(i)]; });
 }
 
 void check(const Fp8Case& c) {
