@@ -181,6 +181,13 @@ class KvCacheCuda : public ::testing::Test {
   void TearDown() override { cuda_test::report_unbuilt_cases(); }
 };
 
+// Whether this build holds the sm90a D 192 / Dv 128 pair kernels (tests/cpp/CMakeLists.txt).
+#ifdef FLASHCPP_TEST_PAIR_192X128
+constexpr bool kPair192x128Built = true;
+#else
+constexpr bool kPair192x128Built = false;
+#endif
+
 TEST_F(KvCacheCuda, ContiguousCache) {
   // Decode, GQA 8:1, no append (the token's key is already in the cache), a zero length.
   KvCase decode = gpu_case({0, 1, 300, 1000}, 1, 32, 4, 128, DType::bf16, 0);
@@ -263,12 +270,7 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   // build has it (the GPU workflow builds 192x128), the decode kernel otherwise.
   KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 0);
   mla.head_dim_v = 128;
-#ifdef FLASHCPP_TEST_PAIR_192X128
-  const bool pair_built = true;
-#else
-  const bool pair_built = false;
-#endif
-  check_gpu(mla, hopper && pair_built ? "sm90_fwd_bf16_hdim192x128" : "decode");
+  check_gpu(mla, hopper && kPair192x128Built ? "sm90_fwd_bf16_hdim192x128" : "decode");
   KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
   sm80.backend = Backend::cuda_sm80;
   check_gpu(sm80, "sm80_fwd");
@@ -312,12 +314,7 @@ TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
   // when the build has it, the decode kernel otherwise (the sm80 forward takes D == Dv only).
   KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 64);
   mla.head_dim_v = 128;
-#ifdef FLASHCPP_TEST_PAIR_192X128
-  const bool pair_built = true;
-#else
-  const bool pair_built = false;
-#endif
-  check_gpu(mla, hopper && pair_built ? "sm90_fwd_bf16_hdim192x128_128x128_s2_ws_paged"
+  check_gpu(mla, hopper && kPair192x128Built ? "sm90_fwd_bf16_hdim192x128_128x128_s2_ws_paged"
                                       : "decode");
   // One long sequence and few query tiles: the heuristic splits the key blocks.
   check_gpu(gpu_case({6000}, 64, 8, 1, 128, DType::bf16, 256),
