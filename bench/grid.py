@@ -15,7 +15,8 @@ from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 TRAIN_MODES = ("fwd", "bwd", "fwd+bwd")
 BACKWARD_MODES = ("bwd", "fwd+bwd")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-# The decode dtype "e4m3": an fp8 (e4m3) KV cache, bf16 queries and output (flashcpp only).
+# The decode dtype "e4m3": an fp8 (e4m3) KV cache, bf16 queries and output (flashcpp only);
+# in the training grid (sdpa_compare --dtype e4m3): fp8 q, k and v, bf16 output, forward only.
 FP8_CACHE = "e4m3"
 
 
@@ -189,11 +190,12 @@ def mode_bytes(case: Case, mode: str) -> float:
     """
     if mode == DECODE_MODE:
         return decode_bytes(case)
-    e = DTYPE_BYTES[case.dtype]
+    e = kv_element_bytes(case.dtype)  # e4m3 in the training grid: fp8 q, k, v, bf16 out
     q = case.B * case.Nq * case.H * case.D * e
+    o = case.B * case.Nq * case.H * case.D * query_element_bytes(case.dtype)
     kv = case.B * case.Nk * case.Hkv * case.D * e
     lse = case.B * case.H * case.Nq * LSE_BYTES
-    fwd = q + 2 * kv + q
+    fwd = q + 2 * kv + o
     bwd = (q + 2 * kv + q + q + lse) + (q + 2 * kv)
     return {"fwd": float(fwd), "bwd": float(bwd), "fwd+bwd": float(fwd + lse + bwd)}[mode]
 

@@ -46,16 +46,20 @@ def _torch_dtype(name: str):
 
 
 def make_input_sets(case: Case, n_sets: int, seed: int = 0) -> List[InputSet]:
+    """e4m3 (the training grid's FP8 forward): q, k, v are the bf16 values rounded to
+    float8_e4m3fn (unit normal values need no scaling: descales 1); dout stays bf16."""
     import torch  # noqa: PLC0415
     dtype = _torch_dtype(case.dtype)
+    fp8 = case.dtype == "e4m3"
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     sets = []
     for _ in range(n_sets):
-        def rnd(n, h):
-            return torch.randn(case.B, n, h, case.D, device="cuda", dtype=dtype, generator=g)
+        def rnd(n, h, quantise=fp8):
+            t = torch.randn(case.B, n, h, case.D, device="cuda", dtype=dtype, generator=g)
+            return t.to(torch.float8_e4m3fn) if quantise else t
         sets.append(InputSet(rnd(case.Nq, case.H), rnd(case.Nk, case.Hkv), rnd(case.Nk, case.Hkv),
-                             rnd(case.Nq, case.H)))
+                             rnd(case.Nq, case.H, False)))
     return sets
 
 
@@ -149,6 +153,7 @@ class Peer:
 
     name = "?"
     has_backward = True
+    takes_fp8 = False  # float8_e4m3fn q, k, v with descales (sdpa_compare --dtype e4m3)
 
     def available(self) -> Optional[str]:
         """None, or why this implementation cannot run at all in this process."""
@@ -342,6 +347,7 @@ class FlashcppPeer(Peer):
     """flashcpp.attention / flashcpp.attention_backward on the BSHD tensors themselves."""
 
     name = "flashcpp"
+    takes_fp8 = True
 
     def __init__(self, backend: str = "auto"):
         self.backend = backend
@@ -356,8 +362,13 @@ class FlashcppPeer(Peer):
         return None
 
     def _kw(self):
-        return {"causal": self.case.causal, "softmax_scale": softmax_scale(self.case),
-                "backend": self.backend}
+        kw = {"causal": self.case.causal, "softmax_scale": softmax_scale(self.case),
+              "backend": self.backend}
+        if self.case.dtype == "e4m3":  # per-tensor descales, so their loads are timed too
+            import torch  # noqa: PLC0415
+            one = torch.ones(1, device="cuda")
+            kw.update(q_descale=one, k_descale=one, v_descale=one)
+        return kw
 
     def _bwd_kw(self):
         return self._kw()

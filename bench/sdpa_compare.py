@@ -7,6 +7,8 @@ of docs/benchmarking.md).
   python3 bench/sdpa_compare.py --quick         # a reduced grid (~1-2 minutes)
   python3 bench/sdpa_compare.py --driver --impls flashcpp --heads-dims 128 --seqlens 4k \\
       --causal on --modes fwd                   # run one cell a few times (for ncu)
+  python3 bench/sdpa_compare.py --dtype e4m3 --modes fwd --heads-dims 128,256 --seqlens 16k \\
+      --impls flashcpp                          # the FP8 forward (e4m3 q, k, v; bf16 out)
 
 Writes results.csv, status.csv, meta.json, table.txt, summary.md and one PNG per head dim and
 mode into --out (default bench/results/<date>-<device>/). docs/benchmarking.md explains them.
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what is timed: fwd, bwd (backward given the forward's outputs), fwd+bwd")
     p.add_argument("--causal", choices=("off", "on", "both"), default="both")
     p.add_argument("--dtype", default="bf16",
-                   help="bf16, fp16, or both comma-separated (fp16 for spot checks)")
+                   help="bf16, fp16, e4m3 (fp8 q, k, v with per-tensor descales, bf16 out: "
+                        "the forward only, flashcpp only), comma-separated")
     p.add_argument("--impls", default=",".join(ALL_IMPLS),
                    help=f"subset of {','.join(ALL_IMPLS + EXTRA_IMPLS)} "
                         f"(default {','.join(ALL_IMPLS)})")
@@ -83,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     a = p.parse_args(argv)
     try:
-        a.dtypes = G.parse_choice_list(a.dtype, ("bf16", "fp16"), "dtype")
+        a.dtypes = G.parse_choice_list(a.dtype, ("bf16", "fp16", G.FP8_CACHE), "dtype")
         a.mode_list = G.parse_choice_list(a.modes, G.TRAIN_MODES, "mode")
         a.impl_list = G.parse_choice_list(a.impls, ALL_IMPLS + EXTRA_IMPLS, "implementation")
         default_d = G.QUICK_HEAD_DIMS if a.quick else G.DEFAULT_HEAD_DIMS
@@ -123,6 +126,7 @@ def check_cell(peer, mode, fn, ref) -> tuple:
     if mode == "fwd":
         out = res[0] if isinstance(res, (tuple, list)) else res
         errs = reference.check(ref, out=peer.to_bhsd(out))
+        return errs, reference.verdict(errs, fp8=peer.case.dtype == "e4m3")
     else:
         grads = [peer.to_bhsd(g) for g in P.grads_of(res)]
         out = fn.outputs(0) if hasattr(fn, "outputs") else None
@@ -134,6 +138,10 @@ def make_and_check(peer, case, mode, ref):
     """Makes and checks one cell: (fn, max_err, ran) ready to time, or an n/a / wrong Result."""
     if mode in G.BACKWARD_MODES and not peer.has_backward:
         return R.Result(peer.name, case, mode, R.NA, reason="no backward")
+    if case.dtype == G.FP8_CACHE and (mode != "fwd" or not peer.takes_fp8):
+        return R.Result(peer.name, case, mode, R.NA,
+                        reason="fp8 (e4m3) is forward only" if peer.takes_fp8
+                        else "takes no fp8 (e4m3) q, k, v")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -249,6 +257,9 @@ def run_grid(a, results, log=print) -> None:
             continue
         prepared = []
         for peer in usable:  # once per case: flex compiles once per shape
+            if case.dtype == G.FP8_CACHE and not peer.takes_fp8:  # n/a in make_and_check
+                prepared.append(peer)
+                continue
             try:
                 peer.prepare(case, sets)
                 prepared.append(peer)

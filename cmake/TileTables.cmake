@@ -50,7 +50,40 @@ flashcpp_table_head_dims("${_tables}/sm80/fwd_tile_table.hpp" kSm80FwdTiles FLAS
 flashcpp_table_head_dims("${_tables}/sm80/bwd_tile_table.hpp" kSm80BwdTiles FLASHCPP_SM80_BWD_HEAD_DIMS)
 flashcpp_table_head_dim_pairs("${_tables}/sm90/fwd_tile_table.hpp" kSm90FwdTiles
                               FLASHCPP_SM90_FWD_HEAD_DIMS FLASHCPP_SM90_FWD_HEAD_DIM_PAIRS)
+flashcpp_table_head_dims("${_tables}/sm90/fwd_tile_table.hpp" kSm90FwdTilesFp8
+                         FLASHCPP_SM90_FP8_FWD_HEAD_DIMS)
 flashcpp_table_head_dim_pairs("${_tables}/sm90/bwd_tile_table.hpp" kSm90BwdTiles
                               FLASHCPP_SM90_BWD_HEAD_DIMS FLASHCPP_SM90_BWD_HEAD_DIM_PAIRS)
 flashcpp_table_head_dims("${_tables}/sm80/decode_tile_table.hpp" kDecodeTiles FLASHCPP_DECODE_HEAD_DIMS)
 unset(_tables)
+
+# FP8 forward tile variants without editing the table (A/B builds side by side):
+# FLASHCPP_SM90_FP8_TILE_D<d>=<block_n>x<stages> (e.g. 224x2) overrides the key block and stage
+# count of that row of kSm90FwdTilesFp8 for every TU (fwd_tile_table.hpp reads the macros);
+# empty keeps the table's values.
+foreach(_d IN ITEMS 64 128 256)
+  set(FLASHCPP_SM90_FP8_TILE_D${_d} "" CACHE STRING
+      "FP8 sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
+  set(_tile "${FLASHCPP_SM90_FP8_TILE_D${_d}}")
+  if(NOT _tile STREQUAL "")
+    if(NOT _tile MATCHES "^([0-9]+)x([0-9]+)$")
+      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_TILE_D${_d} '${_tile}' (expected "
+                          "<block_n>x<stages>, e.g. 224x2)")
+    endif()
+    add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_BLOCK_N=${CMAKE_MATCH_1}
+                            FLASHCPP_SM90_FP8_D${_d}_STAGES=${CMAKE_MATCH_2})
+    message(STATUS "flashcpp: FP8 sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
+  endif()
+endforeach()
+unset(_tile)
+# FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
+# block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
+set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING
+    "FP8 sm90a forward: P V summed per key block up to this head dim (empty: 128, 0: none)")
+if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM STREQUAL "")
+  if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "
+                        "'${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}' (expected a head dim, e.g. 128)")
+  endif()
+  add_compile_definitions(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM=${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM})
+endif()

@@ -50,9 +50,11 @@ def _is_fp8(x) -> bool:
 
 
 def _check_descales_eager(ops, descales):
-    if ops is not None and any(d is not None for d in descales):
-        raise ValueError("q_descale, k_descale and v_descale are not supported with autograd or "
-                         "torch.compile (fp8 inputs are for eager inference calls)")
+    # flashcpp.torch carries them (its fp8 op); JAX tracing does not.
+    if (ops is not None and getattr(ops, "__name__", "") != "flashcpp.torch"
+            and any(d is not None for d in descales)):
+        raise ValueError("q_descale, k_descale and v_descale are not supported with JAX "
+                         "tracing (fp8 inputs are for eager inference calls)")
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
@@ -116,8 +118,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
     _check_descales_eager(ops, descales)
     if ops is not None:
+        fp8 = {} if all(d is None for d in descales) else dict(
+            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         return ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
-                             softcap=softcap, return_lse=return_lse, backend=backend)
+                             softcap=softcap, return_lse=return_lse, backend=backend, **fp8)
     return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs,
                     descales)
 

@@ -26,6 +26,8 @@ from . import _native
 from ._frameworks import framework_of
 from ._native import Error
 
+_FP8 = getattr(torch, "float8_e4m3fn", None)  # None on a PyTorch without float8
+
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "sdpa"]
 
 
@@ -41,19 +43,21 @@ def _check_rank(t: Tensor, name: str, rank: int, layout: str) -> None:
 
 
 def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    # fp8 (float8_e4m3fn) q, k, v give a bfloat16 out.
+    out_dtype = torch.bfloat16 if q.dtype == _FP8 else q.dtype
     if varlen:
         _check_rank(q, "q", 3, "[total_q, Hq, D]")
         _check_rank(v, "v", 3, "[total_k, Hkv, Dv]")
         total, heads = q.shape[0], q.shape[1]
         # Rows past cu_seqlens_q[B] belong to no sequence and are not written on CUDA: they
         # start as out 0 and lse -inf (docs/semantics.md).
-        out = q.new_zeros((total, heads, v.shape[-1]))
+        out = q.new_zeros((total, heads, v.shape[-1]), dtype=out_dtype)
         lse = q.new_full((heads, total), float("-inf"), dtype=torch.float32)
     else:
         _check_rank(q, "q", 4, "[B, Nq, Hq, D]")
         _check_rank(v, "v", 4, "[B, Nk, Hkv, Dv]")
         batch, rows, heads = q.shape[0], q.shape[1], q.shape[2]
-        out = q.new_empty((batch, rows, heads, v.shape[-1]))
+        out = q.new_empty((batch, rows, heads, v.shape[-1]), dtype=out_dtype)
         lse = q.new_empty((batch, heads, rows), dtype=torch.float32)
     return out, lse
 
@@ -87,10 +91,14 @@ _export_tensor = framework_of(torch.empty(0)).export
 
 
 # ---- forward ops --------------------------------------------------------------------------
-def _run_forward(q, k, v, varlen, options) -> Tuple[Tensor, Tensor]:
+def _run_forward(q, k, v, varlen, options,
+                 descales=_native.NO_DESCALES) -> Tuple[Tensor, Tensor]:
     q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, varlen=varlen[0] is not None)  # cu_seqlens_q given
-    _launch(_native.forward, q, q, k, v, out, lse, varlen, options)
+    run = _native.forward
+    if any(d is not None for d in descales):
+        run = functools.partial(_native.forward, descales=descales)
+    _launch(run, q, q, k, v, out, lse, varlen, options)
     return out, lse
 
 
@@ -126,6 +134,26 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                causal, softmax_scale, window_left, window_right, softcap,
                                backend, deterministic):
     return _forward_outputs(_last_dim_contiguous(q), v, varlen=True)
+
+
+# FP8 (float8_e4m3fn q, k, v; bfloat16 out): inference only, so an op of its own without an
+# autograd formula, which also carries the descales (float32 [B, Hkv] or [1] tensors read on
+# the device: a CUDA graph may replay the call after they change).
+@torch.library.custom_op("flashcpp::attention_fp8_fwd", mutates_args=())
+def _attention_fp8_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                       softmax_scale: Optional[float], window_left: int, window_right: int,
+                       softcap: float, backend: str, q_descale: Optional[Tensor],
+                       k_descale: Optional[Tensor],
+                       v_descale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
+                              backend)
+    return _run_forward(q, k, v, _native.PADDED, options, (q_descale, k_descale, v_descale))
+
+
+@_attention_fp8_fwd.register_fake
+def _attention_fp8_fwd_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
+                            backend, q_descale, k_descale, v_descale):
+    return _forward_outputs(_last_dim_contiguous(q), v, varlen=False)
 
 
 # ---- backward ops -------------------------------------------------------------------------
@@ -320,15 +348,24 @@ def _direct_call_ok(*tensors) -> bool:
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
               softcap: float = 0.0, return_lse: bool = False, backend: str = "auto",
-              deterministic: bool = False):
+              deterministic: bool = False, q_descale: Optional[Tensor] = None,
+              k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None):
     """flashcpp.attention for torch tensors, differentiable and torch.compile-able.
 
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]; causal is bottom-right aligned.
     Returns out [B, Nq, Hq, Dv] (and lse [B, Hq, Nq] float32 when return_lse).
     deterministic: the backward gives bitwise-identical gradients run to run (as does
     torch.use_deterministic_algorithms(True)).
+    fp8: float8_e4m3fn q, k, v (out bfloat16) with q_descale/k_descale/v_descale float32
+    [B, Hkv] or [1] tensors run through the op flashcpp::attention_fp8_fwd (inference only,
+    no gradient).
     """
     o = _native.options(causal, softmax_scale, window, softcap, backend)
+    if q.dtype == _FP8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
+        out, lse = torch.ops.flashcpp.attention_fp8_fwd(
+            q, k, v, o["causal"], o["softmax_scale"], o["window_left"], o["window_right"],
+            o["softcap"], o["backend"], q_descale, k_descale, v_descale)
+        return (out, lse) if return_lse else out
     if _direct_call_ok(q, k, v) and not (torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad)):
         out, lse = _run_forward(q, k, v, _native.PADDED, o)  # no gradient to record

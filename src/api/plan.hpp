@@ -21,6 +21,8 @@ struct Plan {
   bool overlap_combine = false;
   // CUDA KV cache: the call runs the forward kernels (prefill with a cache), not the decode one.
   bool kvcache_on_forward = false;
+  // CUDA KV cache on sm90a: the decode kernel's splits merge in a thread-block cluster.
+  bool decode_cluster = false;
 
   RunInfo run_info() const { return {backend, kernel, num_splits}; }
 };

@@ -309,9 +309,6 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   if (is_fp8(t.q)) {
     check_fp8_out(t.out);
     check_fp8_cpu_backend(options);
-    if (cuda)
-      fail("q: dtype fp8_e4m3 is not supported by the cuda forward yet (fp8_e4m3 runs on the "
-           "cpu_reference backend, and on cuda as the KV cache of attention_with_kvcache)");
   } else {
     check_same_dtype(t.out, "out", t.q);
   }

@@ -67,23 +67,20 @@ FLASHCPP_HOST_DEVICE std::uint8_t float_to_e4m3(float x) {
   return static_cast<std::uint8_t>(sign | (exponent << 3) | mantissa);
 }
 
-// Four e4m3 bytes (byte i in bits 8i..8i+7 of `w`) as two bf16 pairs: `lo` holds bytes 0 (low
-// half) and 1, `hi` bytes 2 and 3. Exact; NaN bytes give NaN. The decode kernel converts its
-// K/V fragments with it right after reading them from shared memory.
-FLASHCPP_HOST_DEVICE void e4m3x4_to_bf16x2x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
-  const std::uint32_t f0 = fp8_float_to_bits(e4m3_top_byte_to_float_no_nan(w << 24));
-  const std::uint32_t f1 = fp8_float_to_bits(e4m3_top_byte_to_float_no_nan(w << 16));
-  const std::uint32_t f2 = fp8_float_to_bits(e4m3_top_byte_to_float_no_nan(w << 8));
-  const std::uint32_t f3 = fp8_float_to_bits(e4m3_top_byte_to_float_no_nan(w));
-  // Every e4m3 value has at most 4 significant bits: a float's top half is its exact bf16.
-  lo = (f0 >> 16) | (f1 & 0xffff0000u);
-  hi = (f2 >> 16) | (f3 & 0xffff0000u);
-  // Bytes with magnitude 0x7f (NaN) carry into bit 7 of their byte here; rare, so a branch.
-  const std::uint32_t nan = ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
-  if (nan != 0u) {
-    lo |= ((nan & 0x80u) ? 0x7fc0u : 0u) | ((nan & 0x8000u) ? 0x7fc00000u : 0u);
-    hi |= ((nan & 0x800000u) ? 0x7fc0u : 0u) | ((nan & 0x80000000u) ? 0x7fc00000u : 0u);
-  }
+// Two e4m3 bytes (bits 0..7 and 8..15 of `pair`) as two f16 bit patterns (the first in the
+// low half) whose values are the bytes' values times 2^-8, NaN not handled: an e4m3 byte's
+// exponent and mantissa fields, shifted into an f16's, read with f16's bias (15, not 7), and
+// e4m3 subnormals land on f16 subnormals. The decode kernel's fallback where the GPU has no
+// e4m3 conversion instruction (before sm89): it multiplies by 2^8 in f16, which is exact.
+FLASHCPP_HOST_DEVICE std::uint32_t e4m3x2_to_f16x2_bits_over_256(std::uint32_t pair) {
+  const std::uint32_t w = (pair & 0xffu) | ((pair & 0xff00u) << 8);  // byte i at bit 16 i
+  return ((w & 0x00800080u) << 8) | ((w & 0x007f007fu) << 7);
+}
+
+// Bit 7 (byte 0) and bit 15 (byte 1) set where the e4m3 bytes of `pair` are NaN (|x| = 0x7f;
+// adding 1 carries into bit 7 of exactly those bytes).
+FLASHCPP_HOST_DEVICE std::uint32_t e4m3x2_nan_bits(std::uint32_t pair) {
+  return ((pair & 0x7f7fu) + 0x0101u) & 0x8080u;
 }
 
 }  // namespace flashcpp::detail

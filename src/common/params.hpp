@@ -101,6 +101,17 @@ struct BackwardParams : ForwardParams {
   bool deterministic = false;
 };
 
+// A paged KV cache as the forward kernels read it (prefill with a cache): key r of sequence b
+// lives on page block_table[b * block_table_stride + r / page_size], row r % page_size; the
+// page stride is the cache's batch stride (k_stride.batch, v_stride.batch).
+struct PagedKV {
+  const std::int32_t* block_table = nullptr;  // null: not paged
+  std::int64_t block_table_stride = 0;
+  int page_size = 0;
+  int page_shift = -1;  // log2(page_size) when it is a power of two
+  int num_pages = 0;
+};
+
 // Attention against a KV cache (flashcpp/kvcache.hpp). The ForwardParams part describes q,
 // out, lse and the caches as k and v: seqlen_q is Nnew and seqlen_k the capacity of one
 // sequence; for a paged cache k_stride.batch / v_stride.batch step from page to page.

@@ -35,6 +35,8 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/forward_tasks.hpp"
+#include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 #include "cpu/store_avx512.hpp"
@@ -43,10 +45,7 @@ namespace flashcpp::detail::cpu {
 namespace {
 
 constexpr int kStrip = 32;         // query rows per strip: two tile columns of 16
-// Query rows per task: they share each packed key block. The most of 512, 256 or 128 that
-// still leaves 4 tasks a thread.
-constexpr int kTaskRows = 512;
-constexpr int kSmallTaskRows = 128;
+constexpr int kTaskRows = kForwardTaskRows;  // rows per task at most (forward_tasks.hpp)
 constexpr int kBlockKeys = 128;
 // One bf16 part of P^T for 16 rows: [keys / 2][16] pairs.
 constexpr int kPartHalf = kBlockKeys * 16;
@@ -142,6 +141,15 @@ class TileQueue {
       _tile_zero(2);
       _tile_zero(3);
     }
+    {
+      // Ask for the 64 lines this chunk's scores are stored to, a share per step: they were
+      // last read a strip ago and have left L1, and a tile store to lines in L2 took ~4x as
+      // long as to lines in L1. Not at D 64: 32 prefetches a step made it 7% slower.
+      float* c = st_ + score_key_ * kStrip;
+      const int steps = d_ / 32, step = score_d_ / 32;
+      for (int line = step * 64 / steps; steps >= 4 && line < (step + 1) * 64 / steps; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(c + line * 16), _MM_HINT_ET0);
+    }
     _tile_loadd(4, a0 + score_d_, d_ * 2);
     _tile_loadd(5, a1 + score_d_, d_ * 2);
     _tile_loadd(6, qt_ + score_d_ * 16, 64);
@@ -227,8 +235,9 @@ class Pacer {
 
 // Probabilities of keys 2q and 2q + 1 (16 rows each) as the tile-B pairs of P^T's two bf16
 // parts: high = p rounded to bf16, low = the rest rounded to bf16 (high + low is p to about
-// 2^-17). Rounding by adding half a bf16 unit to the bits: p is at most about 1 (or NaN,
-// which stays NaN), so no carry leaves the exponent. (One vpermt2w per part instead of the
+// 2^-17). Rounding by adding half a bf16 unit to the bits: p is at most 2^kMaxSlack (or NaN,
+// which stays NaN), so a carry into the exponent is just the rounding up, never an overflow
+// into inf. (One vpermt2w per part instead of the
 // shift and blend, with p cut rather than rounded, measured no faster.)
 inline void split_pair(__m512 p0, __m512 p1, std::uint16_t* high, std::uint16_t* low) {
   const __m512i half_unit = _mm512_set1_epi32(0x8000);
@@ -277,7 +286,7 @@ void half_softmax(float* st, std::uint16_t* high, std::uint16_t* low, int lo, in
                                          _mm512_max_ps(max[2], max[3]));
   const __m512 scale = _mm512_set1_ps(alpha);
   const __m512 old_max = _mm512_loadu_ps(m);
-  const __m512 new_max = _mm512_max_ps(_mm512_mul_ps(block_max, scale), old_max);
+  const __m512 new_max = next_reference_max(old_max, _mm512_mul_ps(block_max, scale));
   const __m512 base = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(new_max, hidden, _CMP_NEQ_OQ),
                                           new_max);
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
@@ -477,11 +486,7 @@ bool amx_forward_usable(const ForwardParams& p) {
 }
 
 void amx_forward(const ForwardParams& p) {
-  const std::int64_t heads = std::int64_t{p.batch} * p.heads_q;
-  int task_rows = kTaskRows;
-  while (task_rows > kSmallTaskRows &&
-         heads * ((p.seqlen_q + task_rows - 1) / task_rows) < 4 * omp_get_max_threads())
-    task_rows /= 2;
+  const int task_rows = forward_task_rows(p);
   const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + task_rows - 1) / task_rows;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
 #pragma omp parallel

@@ -39,8 +39,8 @@ bool pack_b(const std::uint16_t* x, std::int64_t ldx, int rows, int dim, int pad
             std::uint16_t* out);
 
 // Rows [0, rows) of x as tile A of a product with X^T on the left (A[c][r] = x[r][c]): out
-// is X^T, `dim` rows of `ldo` bf16 (columns r of x; those from `rows` to `padded_rows`, a
-// multiple of 32, are 0). Returns whether every element of the rows is finite.
+// is X^T, `dim` (a multiple of 32) rows of `ldo` bf16 (columns r of x; those from `rows` to
+// `padded_rows`, a multiple of 32, are 0). Returns whether every element of the rows is finite.
 bool pack_transposed_a(const std::uint16_t* x, std::int64_t ldx, int rows, int dim,
                        int padded_rows, std::uint16_t* out, std::int64_t ldo);
 

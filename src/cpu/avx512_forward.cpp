@@ -1,5 +1,5 @@
-// The tiled forward on AVX-512, without a BLAS: each task takes 128 query rows of one
-// (batch, head) as four strips of 32, and streams over key blocks of 128. Scores are held
+// The tiled forward on AVX-512, without a BLAS: each task takes 512, 256 or 128 query rows of
+// one (batch, head) as strips of 32, and streams over key blocks of 128. Scores are held
 // transposed, S^T[key][row], so that a strip's 32 rows are the lanes of two registers:
 //   - S^T = K Q^T: K elements are broadcast from the key block, copied (converted from
 //     fp16/bf16) once per task into dense fp32 rows; Q^T is packed once per task;
@@ -7,12 +7,13 @@
 //     horizontal reductions) and works on a 16 KiB strip while it is in L1;
 //   - O += P V broadcasts P^T elements against the V rows of the block, copied the same way.
 // No input-sized copies: the extra memory is per thread, about
-// 4 * (2 * 128 * (D + Dv) + 128 * 32) bytes (Q^T and O rows, a key block of K and V, one
-// strip of scores: 0.27 MiB at D = Dv = 128).
+// 4 * ((512 + 128) * (D + Dv) + 128 * 32) bytes (Q^T and O rows of a task, a key block of K
+// and V, one strip of scores: 0.64 MiB at D = Dv = 128).
 // docs/design/cpu_kernels.md has the measurements behind the shapes.
 #include "cpu/avx512_forward.hpp"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,8 @@
 #include "cpu/block_mask.hpp"
 #include "cpu/element_io.hpp"
 #include "cpu/exp2_avx512.hpp"
+#include "cpu/forward_tasks.hpp"
+#include "cpu/reference_max_avx512.hpp"
 #include "cpu/scores.hpp"
 #include "cpu/sequence.hpp"
 #include "cpu/load_avx512.hpp"
@@ -36,8 +39,7 @@ namespace flashcpp::detail::cpu {
 namespace {
 
 constexpr int kStrip = 32;          // query rows per strip: the lanes of two zmm registers
-constexpr int kStripsPerTask = 4;   // 128 query rows per task share each converted key block
-constexpr int kTaskRows = kStrip * kStripsPerTask;
+constexpr int kTaskRows = kForwardTaskRows;  // rows per task at most (forward_tasks.hpp)
 constexpr int kBlockKeys = 128;     // keys per block
 constexpr int kQkKeys = 6;          // keys per S^T microkernel call: 6 x 2 x 2 accumulators
 constexpr int kPvRows = 8;          // rows per P V microkernel call: 8 x 3 accumulators
@@ -254,8 +256,9 @@ void mask_strip(const BlockMask& mask, std::int64_t row0, int rows, std::int64_t
   }
 }
 
-// Folds S^T (keys x 32) into the running max m and sum l of the strip's rows, turns it into
-// P^T relative to the new max and rescales the output rows o. A row with nothing visible yet
+// Folds S^T (keys x 32) into the reference max m (reference_max_avx512.hpp) and sum l of the
+// strip's rows, turns it into P^T relative to the new reference and rescales the output rows o
+// where it moved. A row with nothing visible yet
 // (max -inf) takes max 0 for the exponent, so its P is 0 rather than 2^(-inf + inf) = NaN.
 // NaN scores are not dropped: they make P, l and so the row's out and lse NaN.
 void strip_softmax(float* s, int keys, float alpha, float* m, float* l, float* o, int dv,
@@ -265,11 +268,10 @@ void strip_softmax(float* s, int keys, float alpha, float* m, float* l, float* o
   for (int h = 0; h < 2; ++h) {
     const __m512 factor = _mm512_set1_ps(alpha);
     const __m512 m_old = _mm512_loadu_ps(m + 16 * h);
-    __m512 max = m_old;
     __m512 raw_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int j = 0; j < keys; ++j)
       raw_max = _mm512_max_ps(_mm512_loadu_ps(s + j * kStrip + 16 * h), raw_max);
-    max = _mm512_max_ps(_mm512_mul_ps(raw_max, factor), max);  // alpha > 0
+    const __m512 max = next_reference_max(m_old, _mm512_mul_ps(raw_max, factor));  // alpha > 0
     const __m512 base =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(max, minus_inf, _CMP_EQ_OQ), max,
                              _mm512_setzero_ps());
@@ -334,9 +336,9 @@ void forward_task(const ForwardParams& p, const Sequence& seq, int head, std::in
       for (int c = 0; c < d; ++c) q_t[c * kStrip + r] = w.row[c];
     }
   }
-  std::fill_n(w.m.data(), kTaskRows, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.l.data(), kTaskRows, 0.0f);
-  std::fill_n(w.o.data(), static_cast<std::int64_t>(kTaskRows) * dv, 0.0f);
+  std::fill_n(w.m.data(), strips * kStrip, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.l.data(), strips * kStrip, 0.0f);
+  std::fill_n(w.o.data(), static_cast<std::int64_t>(strips) * kStrip * dv, 0.0f);
 
   const KeyRange span = mask.keys_of_rows(r0, r0 + rows);
   for (std::int64_t c0 = span.begin; c0 < span.end; c0 += kBlockKeys) {
@@ -406,7 +408,8 @@ bool avx512_forward_usable() {
 }
 
 void avx512_forward(const ForwardParams& p) {
-  const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + kTaskRows - 1) / kTaskRows;
+  const int task_rows = forward_task_rows(p);
+  const std::int64_t blocks_per_head = (std::int64_t{p.seqlen_q} + task_rows - 1) / task_rows;
   const std::int64_t tasks = std::int64_t{p.batch} * p.heads_q * blocks_per_head;
   // Tasks are (batch, head, row block), row block fastest so neighbouring tasks share K/V in
   // cache; each task writes only its own rows, so the result does not depend on the schedule.
@@ -417,9 +420,9 @@ void avx512_forward(const ForwardParams& p) {
     for (std::int64_t t = 0; t < tasks; ++t) {
       const int head = static_cast<int>(t / blocks_per_head % p.heads_q);
       const Sequence seq = sequence_of(p, static_cast<int>(t / blocks_per_head / p.heads_q));
-      const std::int64_t r0 = t % blocks_per_head * kTaskRows;
+      const std::int64_t r0 = t % blocks_per_head * task_rows;
       if (r0 >= seq.nq) continue;
-      forward_task(p, seq, head, r0, static_cast<int>(std::min<std::int64_t>(kTaskRows, seq.nq - r0)),
+      forward_task(p, seq, head, r0, static_cast<int>(std::min<std::int64_t>(task_rows, seq.nq - r0)),
                    w);
     }
   }

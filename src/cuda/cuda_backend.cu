@@ -27,6 +27,7 @@
 #include "cuda/sm90/decode_dispatch.hpp"
 #include "cuda/sm80/fwd_dispatch.hpp"
 #include "cuda/sm90/bwd_dispatch.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_dispatch.hpp"
 #include "flashcpp/error.hpp"
 
@@ -168,16 +169,25 @@ int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
   return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
 }
 
-// dynamic_deal: a varlen call's workspace also holds the tile counter.
+// FP8 inputs: the V^T the pre-pass writes (fp8_vt_layout.hpp) leads the workspace, rounded
+// to 16 bytes; 0 otherwise.
+std::size_t fp8_vt_workspace_bytes(const ForwardParams& p) {
+  if (!p.fp8_inputs()) return 0;
+  return std::size_t(sm90::fp8_vt_bytes(p) + 15) / 16 * 16;
+}
+
+// dynamic_deal: a varlen call's workspace also holds the tile counter. FP8 runs unsplit (its
+// kernel has no split-KV form); its workspace (V^T) is required.
 Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   const sm90::FwdKernel& k = *sm90::find_fwd_kernel(p);
+  const bool fp8 = p.fp8_inputs();
   Plan plan;
   plan.backend = Backend::cuda_sm90;
   plan.kernel_index = int(&k - sm90::kFwdKernels);
   plan.splits_optional = p.num_splits <= 0;
-  plan.num_splits = plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
+  plan.num_splits = fp8 ? 1 : plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
   plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1);
-  plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits) +
+  plan.workspace_bytes = fp8_vt_workspace_bytes(p) + split_workspace_bytes(p, plan.num_splits) +
                          (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
 }
@@ -230,32 +240,46 @@ void fold_scales(KernelParams& kp) {
   kp.scale_log2 = kp.lse_scale * kLog2e;
 }
 
+// `paged`: a paged KV cache's block table (prefill with a cache), run by the paged
+// instantiation; none for every other call.
 RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream stream,
-                         Workspace workspace) {
+                         Workspace workspace, const PagedKV& paged = {}) {
   const sm90::FwdKernel& kernel = sm90::kFwdKernels[plan.kernel_index];
-  const int splits = splits_to_run(plan, workspace);
   FwdKernelParams kp;
   kp.p = params;
+  // FP8: V^T first (required), then what an unsplit call may have (the tile counter).
+  const std::size_t vt_bytes = fp8_vt_workspace_bytes(params);
+  if (vt_bytes > 0) {
+    check_workspace(workspace, vt_bytes, " for the fp8 forward's transposed V");
+    kp.fp8_v_t = static_cast<std::uint8_t*>(workspace.data);
+    workspace.data = static_cast<char*>(workspace.data) + vt_bytes;
+    workspace.bytes -= vt_bytes;
+  }
+  Plan rest = plan;
+  rest.workspace_bytes -= vt_bytes;
+  const int splits = splits_to_run(rest, workspace);
   kp.num_splits = splits;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
+  kp.paged = paged;
   const std::size_t split_bytes = split_workspace_bytes(params, splits);
   if (splits > 1) {
     kp.o_accum = static_cast<float*>(workspace.data);
     kp.lse_accum = kp.o_accum + split_o_accum_elems(params, splits);
   }
   // The tile counter, where the plan asked for one and the workspace holds it.
-  if (plan.workspace_bytes >= split_bytes + kTileCounterBytes && workspace.data != nullptr &&
+  if (rest.workspace_bytes >= split_bytes + kTileCounterBytes && workspace.data != nullptr &&
       workspace.bytes >= split_bytes + kTileCounterBytes &&
       reinterpret_cast<std::uintptr_t>(workspace.data) % 16 == 0)
     kp.tile_counter = reinterpret_cast<int*>(static_cast<char*>(workspace.data) + split_bytes);
   fold_scales(kp);
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-  return {Backend::cuda_sm90, sm90::fwd_kernel_name(kernel, splits > 1), splits};
+  return {Backend::cuda_sm90,
+          sm90::fwd_kernel_name(kernel, splits > 1, paged.block_table != nullptr), splits};
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,
-                         Workspace workspace) {
+                         Workspace workspace, const PagedKV& paged = {}) {
   const sm80::FwdKernel& kernel = sm80::kFwdKernels[plan.kernel_index];
   const Sm80FwdTile t = sm80_fwd_tile(kernel.head_dim);
   const int splits = splits_to_run(plan, workspace);
@@ -265,6 +289,7 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
   kp.num_splits = splits;
   kp.overlap_combine = plan.overlap_combine;
   kp.num_m_blocks = sm80::fwd_num_m_blocks(params, t);
+  kp.paged = paged;
   const int n_blocks = sm80::fwd_num_n_blocks(params, t);
   kp.n_blocks_per_split = (n_blocks + splits - 1) / splits;
   if (splits > 1) {
@@ -275,7 +300,8 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
 
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-  return {Backend::cuda_sm80, sm80::fwd_kernel_name(kernel, splits > 1), splits};
+  return {Backend::cuda_sm80,
+          sm80::fwd_kernel_name(kernel, splits > 1, paged.block_table != nullptr), splits};
 }
 
 // ---- KV-cache decode ----
@@ -299,8 +325,9 @@ int kvcache_forward_min_nnew() {
   return threshold;
 }
 
-// The call as a forward over per-sequence key counts (ForwardParams::seqused_k): q, out and the
-// caches are read as rows packed sequence after sequence, which their strides must allow.
+// The call as a forward over per-sequence key counts (ForwardParams::seqused_k): q, out and a
+// contiguous cache are read as rows packed sequence after sequence, which their strides must
+// allow; a paged cache is read through its block table (paged_kv).
 ForwardParams kvcache_forward_params(const KVCacheParams& p) {
   ForwardParams f = p;
   f.seqused_k = p.cache_seqlens;
@@ -310,17 +337,23 @@ ForwardParams kvcache_forward_params(const KVCacheParams& p) {
   return f;
 }
 
-// D != Dv (MLA chunked prefill) runs here only on an sm90a pair instantiation (plan_kvcache).
+PagedKV paged_kv(const KVCacheParams& p) {
+  if (!p.paged()) return {};
+  return {p.block_table, p.block_table_stride, p.page_size, p.page_shift, p.num_pages};
+}
+
+// D != Dv (MLA chunked prefill) runs here only on an sm90a pair instantiation (plan_kvcache);
+// a paged cache's pages are read through its block table, whatever their stride.
 bool kvcache_runs_forward(const KVCacheParams& p) {
-  if (p.paged() || p.num_splits > 1) return false;
+  if (p.num_splits > 1) return false;
   if (p.seqlen_q < kvcache_forward_min_nnew() || p.seqlen_k == 0) return false;
   if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
   if (p.fp8_inputs()) return false;  // fp8 caches: the decode kernel only
   const auto packs = [&](const Strides& s, int rows) {
     return p.batch <= 1 || s.batch == std::int64_t(rows) * s.row;
   };
-  return packs(p.q_stride, p.seqlen_q) && packs(p.out_stride, p.seqlen_q) &&
-         packs(p.k_stride, p.seqlen_k) && packs(p.v_stride, p.seqlen_k);
+  if (!packs(p.q_stride, p.seqlen_q) || !packs(p.out_stride, p.seqlen_q)) return false;
+  return p.paged() || (packs(p.k_stride, p.seqlen_k) && packs(p.v_stride, p.seqlen_k));
 }
 
 // ---- backward ----
@@ -399,15 +432,39 @@ int device_count() {
   return n;
 }
 
+// FP8 inputs run on the sm90a fp8 forward only (no sm80 kernel reads e4m3 q, k, v): every
+// other case is an error that says which condition failed.
+Plan plan_fp8_forward(const ForwardParams& p, const DeviceInfo& dev, Backend requested) {
+  const std::string what = "cuda forward: fp8_e4m3 q, k, v ";
+  if (!sm90_asked(dev, requested))
+    throw Error(what + "run only on the sm90a forward: a Hopper GPU with backend automatic "
+                "(FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
+  if (p.dtype != ElementType::bf16)
+    throw Error("out: expected dtype bf16 for fp8_e4m3 inputs on cuda, got " +
+                std::string(dtype_name(p.dtype)) + " (fp16 out runs on cpu_reference only)");
+  if (p.head_dim != p.head_dim_v)
+    throw Error(what + "need head_dim == head_dim_v (got " + std::to_string(p.head_dim) + " and " +
+                std::to_string(p.head_dim_v) + ")");
+  if (p.num_splits > 1)
+    throw Error("num_splits: the fp8 forward does not split the keys (pass 0 or 1), got " +
+                std::to_string(p.num_splits));
+  if (sm90::find_fwd_kernel(p) == nullptr)
+    throw Error(what + "with head_dim " + std::to_string(p.head_dim) +
+                ": no sm90a fp8 forward kernel in this build covers it (fp8_e4m3 forward head "
+                "dims: " + built_head_dim_pairs(sm90::kFwdKernels, ElementType::fp8_e4m3) +
+                "; configure with fp8_e4m3 in FLASHCPP_DTYPES and 90a in FLASHCPP_CUDA_ARCHS)");
+  if (!sm90::fwd_covers(p))
+    throw Error(what + "need 16-byte aligned pointers and strides that are multiples of 16 bytes "
+                "(varlen: under 2^31 rows)");
+  return plan_sm90_forward(p);
+}
+
 Plan plan_forward(const ForwardParams& params, Backend requested) {
-  // Validation refuses these first; no forward kernel here reads fp8 (they would read bytes
-  // as 16-bit elements).
-  if (params.fp8_inputs())
-    throw Error("cuda forward: fp8_e4m3 inputs are not supported by the cuda forward yet");
   const DeviceInfo& dev = checked_device(params.device, requested);
   if (requested == Backend::cuda_sm90 && !sm90::any_fwd_built())
     throw Error("cuda_sm90 backend: no sm90a forward kernel in this build "
                 "(configure with 90a in FLASHCPP_CUDA_ARCHS)");
+  if (params.fp8_inputs()) return log_plan("forward", params, plan_fp8_forward(params, dev, requested));
   if (sm90_asked(dev, requested) && sm90_forward_runs(params))
     return log_plan("forward", params, plan_sm90_forward(params));
   if (params.head_dim_v != params.head_dim)
@@ -430,11 +487,21 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
   if (kvcache_runs_forward(params)) {
     const ForwardParams f = kvcache_forward_params(params);
     Plan plan;
-    if (sm90_asked(dev, requested) && sm90_forward_runs(f)) {
+    // A paged cache: the paged sm90a forward for pages of whole 16-row boxes, the paged sm80
+    // forward (a block-table lookup per row: any page size) otherwise.
+    const bool sm90_runs = params.paged() ? sm90::fwd_covers_paged(f, paged_kv(params))
+                                          : sm90_forward_runs(f);
+    if (sm90_asked(dev, requested) && sm90_runs) {
       plan = plan_sm90_forward(f, false);  // tiles dealt statically: no counter to zero
+      if (params.paged())
+        plan.kernel = sm90::fwd_kernel_name(sm90::kFwdKernels[plan.kernel_index],
+                                            plan.num_splits > 1, true);
     } else if (f.head_dim == f.head_dim_v &&
                smallest_covering(sm80::kFwdKernels, f.dtype, f.head_dim) != nullptr) {
       plan = plan_sm80_forward(f);
+      if (params.paged())
+        plan.kernel = sm80::fwd_kernel_name(sm80::kFwdKernels[plan.kernel_index],
+                                            plan.num_splits > 1, true);
     }
     if (plan.kernel_index >= 0) {
       plan.kvcache_on_forward = true;
@@ -453,14 +520,17 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
                         ? sm80::decode_splits(params, sm80::decode_tile_of(k), dev.sm_count)
                         : params.num_splits;
   plan.kernel = sm80::decode_kernel_name(k, plan.num_splits > 1);
-  const int cluster_splits = sm90::decode_cluster_splits(
-      plan.num_splits, plan.splits_optional, k.dtype == ElementType::fp8_e4m3);
-  if (cluster_splits > 0 && sm90_asked(dev, requested)) {
+  const bool fp8 = k.dtype == ElementType::fp8_e4m3;
+  const int cluster_splits =
+      sm90::decode_cluster_splits(plan.num_splits, plan.splits_optional, fp8);
+  // An fp8 cache takes the sm90a instantiation whether or not the cluster applies.
+  if ((cluster_splits > 0 || fp8) && sm90_asked(dev, requested)) {
     if (const sm90::DecodeClusterKernel* c = sm90::find_decode_cluster_kernel(k.dtype, k.head_dim)) {
       plan.backend = Backend::cuda_sm90;
       plan.kernel_index = int(c - sm90::kDecodeClusterKernels);
-      plan.num_splits = cluster_splits;
-      plan.kernel = sm90::decode_cluster_kernel_name(*c, plan.num_splits);
+      plan.decode_cluster = cluster_splits > 0;
+      if (plan.decode_cluster) plan.num_splits = cluster_splits;
+      plan.kernel = sm90::decode_cluster_kernel_name(*c, plan.num_splits, plan.decode_cluster);
     }
   }
   plan.workspace_bytes = decode_workspace_bytes(params, plan.num_splits);
@@ -479,7 +549,10 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
         launch_kvcache_append<std::uint16_t>(kp, reinterpret_cast<cudaStream_t>(stream));
       });
     }
-    return run_forward(plan, kvcache_forward_params(params), stream, workspace);
+    const ForwardParams f = kvcache_forward_params(params);
+    if (plan.backend == Backend::cuda_sm90)
+      return run_sm90_forward(plan, f, stream, workspace, paged_kv(params));
+    return run_sm80_forward(plan, f, stream, workspace, paged_kv(params));
   }
   const int splits = splits_to_run(plan, workspace);
   KVCacheKernelParams kp;
@@ -497,10 +570,13 @@ RunInfo run_kvcache(const Plan& plan, const KVCacheParams& params, Stream stream
   fold_scales(kp);
   if (plan.backend == Backend::cuda_sm90) {
     const sm90::DecodeClusterKernel& kernel = sm90::kDecodeClusterKernels[plan.kernel_index];
-    bool ran = false;
-    launch_on_device(params.device,
-                     [&] { ran = kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
-    if (ran) return {Backend::cuda_sm90, sm90::decode_cluster_kernel_name(kernel, splits), splits};
+    sm90::DecodeSm90Ran ran = sm90::DecodeSm90Ran::nothing;
+    launch_on_device(params.device, [&] {
+      ran = kernel.entry(kp, plan.decode_cluster, reinterpret_cast<cudaStream_t>(stream));
+    });
+    if (ran != sm90::DecodeSm90Ran::nothing)
+      return {Backend::cuda_sm90,
+              sm90::decode_cluster_kernel_name(kernel, splits, ran == sm90::DecodeSm90Ran::cluster), splits};
     // Unsplit after all (too little workspace) or no room for the cluster: the sm80-family
     // kernel and the combine kernel, same splits.
   }

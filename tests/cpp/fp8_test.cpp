@@ -1,9 +1,12 @@
-// fp8_e4m3 on the CPU: the e4m3 codec and the byte transpose the decode kernel's fragments use
-// (checked against definitions written here), the float64 reference forward of fp8 q, k, v
+// fp8_e4m3 on the CPU: the e4m3 codec and the byte permutes the decode kernel's fragments use
+// (checked against definitions written here), the index math of the sm90a fp8 forward (the P
+// register packing against the PTX fragment layouts, the V^T workspace layout), the float64
+// reference forward of fp8 q, k, v
 // with descales (against the same reference run on the dequantised values in float32), and
 // the argument errors of fp8 calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -14,6 +17,9 @@
 
 #include "common/byte_perm.hpp"
 #include "common/fp8.hpp"
+#include "common/half.hpp"
+#include "cuda/sm90/fp8_pv_order.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "flashcpp/flashcpp.hpp"
 #include "test_util.hpp"
 
@@ -82,38 +88,115 @@ TEST(Fp8Codec, RoundsToNearestEvenAndSaturates) {
   }
 }
 
-// The decode kernel's bulk conversion: 4 bytes into 2 bf16 pairs, each byte in each position.
-TEST(Fp8Codec, FourBytesToBf16Pairs) {
-  std::mt19937_64 rng(11);
-  for (int byte = 0; byte < 256; ++byte)
-    for (int position = 0; position < 4; ++position) {
-      const std::uint32_t others = static_cast<std::uint32_t>(rng());
-      const std::uint32_t w = (others & ~(0xffu << (8 * position))) | (std::uint32_t(byte) << (8 * position));
-      std::uint32_t lo = 0, hi = 0;
-      detail::e4m3x4_to_bf16x2x2(w, lo, hi);
-      const std::uint32_t pairs[2] = {lo, hi};
-      for (int i = 0; i < 4; ++i) {
-        const auto half = static_cast<std::uint16_t>(pairs[i / 2] >> (16 * (i % 2)));
-        const double want = e4m3_value((w >> (8 * i)) & 0xff);
-        const float got = detail::bf16_to_float(half);
-        if (std::isnan(want))
-          EXPECT_TRUE(std::isnan(got)) << byte << " at " << position << ", element " << i;
-        else
-          EXPECT_EQ(static_cast<double>(got), want) << byte << " at " << position << ", element " << i;
-      }
+// The decode kernel's e4m3 -> f16 fallback (GPUs before sm89): every byte pair, each byte's
+// f16 bits read as a value and times 2^8 must be the byte's value (NaN bytes are flagged by
+// e4m3x2_nan_bits and patched by the kernel).
+TEST(Fp8Codec, BytePairsToF16BitsOver256) {
+  for (std::uint32_t pair = 0; pair < 0x10000u; ++pair) {
+    const std::uint32_t bits = detail::e4m3x2_to_f16x2_bits_over_256(pair);
+    const std::uint32_t nan = detail::e4m3x2_nan_bits(pair);
+    for (int i = 0; i < 2; ++i) {
+      const int byte = static_cast<int>((pair >> (8 * i)) & 0xffu);
+      const double want = e4m3_value(byte);
+      EXPECT_EQ(((nan >> (8 * i)) & 0x80u) != 0, std::isnan(want)) << byte;
+      if (std::isnan(want)) continue;
+      const float got = detail::fp16_to_float(static_cast<std::uint16_t>(bits >> (16 * i)));
+      ASSERT_EQ(static_cast<double>(got) * 256.0, want) << "pair " << pair << ", byte " << i;
+      EXPECT_EQ(std::signbit(got), (byte & 0x80) != 0) << byte;  // -0 stays -0
     }
+  }
 }
 
-TEST(Fp8Codec, ByteTranspose) {
+// The byte permutes that pair two V rows dim by dim (decode_fp8_fragments.hpp): selector
+// 0x5140 gives {r0.0, r1.0, r0.1, r1.1}, 0x7362 {r0.2, r1.2, r0.3, r1.3}.
+TEST(Fp8Codec, BytePermutePairsRows) {
   std::mt19937_64 rng(3);
   for (int trial = 0; trial < 100; ++trial) {
-    std::uint32_t r[4];
-    for (auto& x : r) x = static_cast<std::uint32_t>(rng());
-    std::uint32_t t[4] = {r[0], r[1], r[2], r[3]};
-    detail::transpose_bytes_4x4(t[0], t[1], t[2], t[3]);
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j)
-        EXPECT_EQ((t[j] >> (8 * i)) & 0xff, (r[i] >> (8 * j)) & 0xff) << i << ", " << j;
+    const auto r0 = static_cast<std::uint32_t>(rng()), r1 = static_cast<std::uint32_t>(rng());
+    const std::uint32_t pairs[2] = {detail::byte_perm(r0, r1, 0x5140u), detail::byte_perm(r0, r1, 0x7362u)};
+    for (int dim = 0; dim < 4; ++dim) {
+      const std::uint32_t pair = pairs[dim / 2] >> (16 * (dim % 2));
+      EXPECT_EQ(pair & 0xffu, (r0 >> (8 * dim)) & 0xffu) << dim;
+      EXPECT_EQ((pair >> 8) & 0xffu, (r1 >> (8 * dim)) & 0xffu) << dim;
+    }
+  }
+}
+
+// ---- the sm90a fp8 forward's index math ---------------------------------------------------------
+
+// The PTX ISA's wgmma register fragments, for thread t of a warp (g = t / 4, q = t % 4):
+// f32 accumulator D (m64nN): value 4i + 2r + b sits at row g + 8r, column 8i + 2q + b;
+// e4m3 A operand (m64k32): byte b of register j sits at row g + 8 (j % 2), column
+// 16 (j / 2) + 4q + b. The kernel packs accumulator value fp8_pv_acc_index(j, b) of each 32-key
+// chunk into byte b of A register j; the pre-pass stores key fp8_pv_key_of_slot(a) of each
+// chunk at V^T column a. Each packed value must stay in its row, and the key V^T puts at the
+// A column must be the value's own key.
+TEST(Fp8ForwardLayout, PackedPMatchesTransposedVOrder) {
+  namespace sm90 = detail::cuda::sm90;
+  std::vector<int> keys_seen(32, 0);
+  for (int q = 0; q < 4; ++q) {
+    std::vector<int> values_used(16, 0);
+    for (int j = 0; j < 4; ++j)
+      for (int b = 0; b < 4; ++b) {
+        const int value = sm90::fp8_pv_acc_index(j, b);
+        ASSERT_GE(value, 0);
+        ASSERT_LT(value, 16);
+        ++values_used[value];
+        const int i = value / 4, r = value / 2 % 2, e = value % 2;
+        const int acc_row_half = r, acc_key = 8 * i + 2 * q + e;
+        const int a_row_half = j % 2, a_column = 16 * (j / 2) + 4 * q + b;
+        EXPECT_EQ(acc_row_half, a_row_half) << "q " << q << " register " << j << " byte " << b;
+        EXPECT_EQ(sm90::fp8_pv_key_of_slot(a_column), acc_key)
+            << "q " << q << " register " << j << " byte " << b;
+        if (r == 0) ++keys_seen[sm90::fp8_pv_key_of_slot(a_column)];
+      }
+    for (int v = 0; v < 16; ++v) EXPECT_EQ(values_used[v], 1) << "q " << q << " value " << v;
+    // Bytes 0, 1 (and 2, 3) are one cvt e4m3x2 of two neighbouring accumulator values.
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(sm90::fp8_pv_acc_index(j, 1), sm90::fp8_pv_acc_index(j, 0) + 1);
+      EXPECT_EQ(sm90::fp8_pv_acc_index(j, 3), sm90::fp8_pv_acc_index(j, 2) + 1);
+    }
+  }
+  for (int k = 0; k < 32; ++k) EXPECT_EQ(keys_seen[k], 1) << "key " << k;  // a permutation
+}
+
+// V^T in the workspace: each sequence's columns (its keys rounded up to 32, then at least 128
+// zero columns) start at a multiple of 32, never overlap the next sequence's and stay inside
+// the row, for packed varlen offsets and for padded batches.
+TEST(Fp8ForwardLayout, TransposedVSequencesDoNotOverlap) {
+  namespace sm90 = detail::cuda::sm90;
+  auto rng = test_rng();
+  for (int trial = 0; trial < 200; ++trial) {
+    const bool varlen = trial % 2 == 0;
+    const int batch = 1 + static_cast<int>(rng() % 9);
+    std::vector<int> lengths(batch);
+    for (int& n : lengths) n = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 700);
+    detail::ForwardParams p;
+    p.batch = batch;
+    p.heads_kv = 1;
+    p.head_dim_v = 1;
+    p.seqlen_k = *std::max_element(lengths.begin(), lengths.end());
+    std::int32_t dummy = 0;
+    if (varlen) {
+      p.cu_seqlens_q = p.cu_seqlens_k = &dummy;
+      for (int n : lengths) p.total_rows_k += n;
+    } else {
+      lengths.assign(batch, p.seqlen_k);
+    }
+    const std::int64_t row = sm90::fp8_vt_row_columns(p);
+    EXPECT_EQ(row % 32, 0);
+    std::int64_t first = 0, end_of_previous = 0;
+    for (int b = 0; b < batch; ++b) {
+      const std::int64_t start = sm90::fp8_vt_seq_start(first, b);
+      const std::int64_t columns = sm90::fp8_vt_seq_columns(lengths[b]);
+      EXPECT_EQ(start % 32, 0);
+      EXPECT_GE(start, end_of_previous) << "sequence " << b;
+      EXPECT_GE(columns - lengths[b], 128);  // the last key block (<= 128 keys) reads zeros
+      EXPECT_EQ(columns % 32, 0);
+      end_of_previous = start + columns;
+      first += lengths[b];
+    }
+    EXPECT_LE(end_of_previous, row);
   }
 }
 

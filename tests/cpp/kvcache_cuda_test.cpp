@@ -4,8 +4,8 @@
 // from 0 to 65536, batches up to 64, appends, GQA 8:1 and MQA, Nnew 1/4/16, D 64 and 128 in
 // bf16 and fp16, causal, lse, the workspace of plan_attention_with_kvcache, lengths beyond the
 // capacity, and a CUDA graph replayed after the lengths and the block table changed on the
-// device, prefill with a cache on the forward kernels; fp8_e4m3 caches with descales (bf16
-// queries). Skips without a GPU; in a build
+// device, prefill with a cache on the forward kernels (contiguous and paged, sm90a and sm80, a
+// graph replay of a paged one); fp8_e4m3 caches with descales (bf16 queries). Skips without a GPU; in a build
 // without CUDA it is one skipping test. Cases whose kernel a subset build lacks are reported
 // as skipped (cuda_harness.hpp).
 #include <gtest/gtest.h>
@@ -181,6 +181,13 @@ class KvCacheCuda : public ::testing::Test {
   void TearDown() override { cuda_test::report_unbuilt_cases(); }
 };
 
+// Whether this build holds the sm90a D 192 / Dv 128 pair kernels (tests/cpp/CMakeLists.txt).
+#ifdef FLASHCPP_TEST_PAIR_192X128
+constexpr bool kPair192x128Built = true;
+#else
+constexpr bool kPair192x128Built = false;
+#endif
+
 TEST_F(KvCacheCuda, ContiguousCache) {
   // Decode, GQA 8:1, no append (the token's key is already in the cache), a zero length.
   KvCase decode = gpu_case({0, 1, 300, 1000}, 1, 32, 4, 128, DType::bf16, 0);
@@ -239,9 +246,10 @@ TEST_F(KvCacheCuda, Masks) {
   check_gpu(capped);
 }
 
-// Prefill with a cache (64 new tokens or more, contiguous cache): the forward kernels run the
-// call over the cache's per-sequence lengths (ForwardParams::seqused_k), the sm90a kernel on
-// Hopper and the sm80 one when asked. NaN past the lengths, a zero length, appends or not.
+// Prefill with a cache (64 new tokens or more): the forward kernels run the call over the
+// cache's per-sequence lengths (ForwardParams::seqused_k), the sm90a kernel on Hopper and the
+// sm80 one when asked; a paged cache the paged sm90a kernel. NaN past the lengths, a zero
+// length, appends or not.
 TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   // Chunked prefill with appends: GQA 4:1, bf16 d128, causal.
   const bool hopper = cuda_test::not_sm90_reason().empty();
@@ -262,17 +270,79 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   // build has it (the GPU workflow builds 192x128), the decode kernel otherwise.
   KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 0);
   mla.head_dim_v = 128;
-#ifdef FLASHCPP_TEST_PAIR_192X128
-  const bool pair_built = true;
-#else
-  const bool pair_built = false;
-#endif
-  check_gpu(mla, hopper && pair_built ? "sm90_fwd_bf16_hdim192x128" : "decode");
+  check_gpu(mla, hopper && kPair192x128Built ? "sm90_fwd_bf16_hdim192x128" : "decode");
   KvCase sm80 = gpu_case({5, 400, 0}, 96, 16, 2, 64, DType::bf16, 0);
   sm80.backend = Backend::cuda_sm80;
   check_gpu(sm80, "sm80_fwd");
-  // A paged cache stays on the decode kernel.
-  check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64), "decode");
+  // A paged cache: the paged sm90a forward on Hopper, the paged sm80 forward elsewhere.
+  check_gpu(gpu_case({70, 0, 500}, 80, 16, 4, 128, DType::bf16, 64),
+            hopper ? "sm90_fwd_bf16_hdim128_128x128_s2_ws_paged" : "sm80_fwd_bf16_hdim128_");
+}
+
+// Chunked prefill into a paged cache on the forward kernels: page sizes 16, 64, 256 and 48 (a
+// multiple of 16 that is not a power of two) on the paged sm90a forward on Hopper (the paged
+// sm80 forward elsewhere), shuffled tables, NaN in unused pages, past the lengths and (-1) in
+// the unused table slots; appends or not, causal, window, softcap, no mask, GQA and MQA, zero
+// lengths, B > 1 with different lengths, lengths on and around page and key-block boundaries,
+// d256 (80-key blocks), D != Dv, a split call. Pages that hold no whole 16-row box (24 keys)
+// run the paged sm80 forward.
+TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
+  const bool hopper = cuda_test::not_sm90_reason().empty();
+  const char* paged = hopper ? "_ws_paged" : "w_paged";
+  KvCase p16 = gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16);
+  p16.invalid_unused_slots = true;
+  check_gpu(p16, paged);
+  check_gpu(gpu_case({127, 0, 128, 129, 1000}, 100, 8, 1, 128, DType::fp16, 64), paged);
+  KvCase p256 = gpu_case({255, 256, 0, 700}, 130, 16, 2, 128, DType::bf16, 256);
+  p256.append = false;
+  check_gpu(p256, paged);
+  KvCase p48 = gpu_case({47, 48, 49, 500, 0}, 64, 8, 2, 128, DType::bf16, 48);
+  p48.invalid_unused_slots = true;
+  check_gpu(p48, paged);
+  // Masks and options: a causal window, softcap without a mask and without lse, d64.
+  KvCase window = gpu_case({600, 3, 0, 200}, 96, 16, 4, 64, DType::fp16, 16);
+  window.window_left = 100;
+  check_gpu(window, paged);
+  KvCase capped = gpu_case({333, 0, 64}, 70, 8, 8, 128, DType::bf16, 64);
+  capped.causal = false;
+  capped.softcap = 25.0f;
+  capped.with_lse = false;
+  check_gpu(capped, paged);
+  // d256: key blocks of 80 rows, so 64-key pages change inside a block.
+  check_gpu(gpu_case({100, 0, 400}, 72, 8, 2, 256, DType::bf16, 64), paged);
+  // D != Dv (MLA chunked prefill into a paged cache): the paged sm90a pair kernel on Hopper
+  // when the build has it, the decode kernel otherwise (the sm80 forward takes D == Dv only).
+  KvCase mla = gpu_case({0, 100, 700}, 96, 16, 2, 192, DType::bf16, 64);
+  mla.head_dim_v = 128;
+  check_gpu(mla, hopper && kPair192x128Built ? "sm90_fwd_bf16_hdim192x128_128x128_s2_ws_paged"
+                                      : "decode");
+  // One long sequence and few query tiles: the heuristic splits the key blocks.
+  check_gpu(gpu_case({6000}, 64, 8, 1, 128, DType::bf16, 256),
+            hopper ? "_ws_paged_splitkv" : "w_paged_splitkv");
+  // Pages of 24 keys (no whole 16-row box): the paged sm80 forward, on Hopper too.
+  check_gpu(gpu_case({23, 24, 500}, 64, 8, 2, 128, DType::bf16, 24), "w_paged");
+}
+
+// The paged sm80 forward asked for: a block-table lookup per row, so any page size (7, 16,
+// 100, 256), NaN in unused pages and (-1) unused table slots, masks, softcap, GQA/MQA, zero
+// lengths, appends or not, a split call.
+TEST_F(KvCacheCuda, PagedPrefillOnTheSm80Forward) {
+  auto sm80 = [](KvCase c) {
+    c.backend = Backend::cuda_sm80;
+    return c;
+  };
+  KvCase p16 = sm80(gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16));
+  p16.invalid_unused_slots = true;
+  check_gpu(p16, "sm80_fwd_bf16_hdim128_128x64_4w_paged");
+  KvCase p7 = sm80(gpu_case({6, 7, 0, 250}, 70, 8, 1, 64, DType::fp16, 7));
+  p7.window_left = 40;
+  check_gpu(p7, "w_paged");
+  KvCase p100 = sm80(gpu_case({99, 100, 101, 0}, 90, 8, 2, 128, DType::bf16, 100));
+  p100.append = false;
+  p100.causal = false;
+  p100.softcap = 15.0f;
+  check_gpu(p100, "w_paged");
+  check_gpu(sm80(gpu_case({5000}, 64, 4, 1, 128, DType::bf16, 256)), "w_paged_splitkv");
 }
 
 // On Hopper a split call of 2 to 8 splits merges them inside a thread-block cluster (no
@@ -418,6 +488,33 @@ TEST_F(KvCacheCuda, Fp8CacheOptions) {
   check_gpu(long_seq);
 }
 
+// An fp8 cache's products run in f16, q scaled by a power of two per CTA so its largest
+// finite |q| fits (decode_fp8_fragments.hpp): queries 2^20 times larger or smaller than usual
+// (f16 alone would overflow or lose them to subnormals), and the heads of one group 2^12 apart,
+// must come out within the bf16 bound, contiguous and paged.
+TEST_F(KvCacheCuda, Fp8CacheQueryRange) {
+  for (int range : {20, -20, 0}) {
+    KvCase c = fp8_case({0, 300, 2000}, 4, 32, 4, 128, range == 0 ? 16 : 0, 2);
+    c.scale = static_cast<float>(1.0 / std::sqrt(128.0)) * std::ldexp(1.0f, -range);
+    SCOPED_TRACE("q times 2^" + std::to_string(range) + ", " + test::kv_case_name(c));
+    auto rng = test::test_rng();
+    KvTensors t(c, rng);
+    const std::vector<double> q = t.q.values();
+    for (std::int64_t i = 0; i < t.q.numel(); ++i) {
+      const int head = static_cast<int>(i / c.head_dim % c.heads_q);
+      const int e = range != 0 ? range : 12 * (head % 2) - 6;
+      t.q.set(i, std::ldexp(static_cast<float>(q[i]), e));  // exact: a power of two
+    }
+    const KvTensors before = t;
+    const KvExpected e = test::kv_oracle(c, t);
+    DeviceKv device(t);
+    device.upload(t);
+    if (!run_gpu(c, device.views(t))) continue;
+    device.download(t);
+    expect_gpu_result(c, before, t, e);
+  }
+}
+
 // What the GPU refuses for an fp8 cache, with a clear error: fp16 queries, and head dims that
 // are not multiples of 16 (a contiguous cache's rows are then not 16-byte aligned, which the
 // stride check reports first).
@@ -445,9 +542,11 @@ TEST_F(KvCacheCuda, Fp8CacheRefusals) {
 // A call captured in a CUDA graph replays with new lengths, block table and cache contents
 // (copied to the device outside the capture): the replay gives the new lengths' result.
 // fp8: the descales are device memory too, and the replay reads their new values.
-void check_graph_replay(bool fp8) {
-  KvCase first = gpu_case({100, 0, 513, 64}, 1, 32, 4, 128, DType::bf16, 64);
-  first.capacity = 1024;
+// nnew: 1 (decode) or 64 and more (prefill on the paged forward kernels, whose name has
+// `kernel_has`).
+void check_graph_replay(bool fp8, int nnew = 1, const char* kernel_has = nullptr) {
+  KvCase first = gpu_case({100, 0, 513, 64}, nnew, 32, 4, 128, DType::bf16, 64);
+  first.capacity = nnew > 1 ? 1152 : 1024;
   first.fp8_cache = fp8;
   first.descales = fp8 ? 2 : 0;
   KvCase second = first;
@@ -499,6 +598,9 @@ void check_graph_replay(bool fp8) {
   cuda_ok(cudaStreamEndCapture(stream, &graph));
   cuda_ok(cudaGraphInstantiateWithFlags(&exec, graph, 0));
   expect_ran_on_gpu(first, info, plan);
+  if (kernel_has != nullptr) {
+    EXPECT_NE(std::string(info.kernel).find(kernel_has), std::string::npos) << info.kernel;
+  }
 
   device.upload(b);  // new lengths, pages, cache, queries and new tokens; NaN outputs
   cuda_ok(cudaGraphLaunch(exec, stream));
@@ -515,6 +617,9 @@ void check_graph_replay(bool fp8) {
 
 TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) { check_graph_replay(false); }
 TEST_F(KvCacheCuda, Fp8CacheGraphReplaysWithNewLengthsAndDescales) { check_graph_replay(true); }
+TEST_F(KvCacheCuda, PagedPrefillGraphReplaysWithNewLengths) {
+  check_graph_replay(false, 80, "_fwd_");
+}
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing
 

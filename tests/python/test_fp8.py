@@ -171,3 +171,103 @@ def test_kvcache_fp8_through_the_custom_ops_on_cpu():
     torch.library.opcheck(torch.ops.flashcpp.attention_with_kvcache.default,
                           (c["q"], c["k_cache"], c["v_cache"], lens, None, *options),
                           test_utils=("test_faketensor",))  # test_schema multiplies fp8
+
+
+def fp8_forward_case(device, B=2, Nq=300, Nk=513, Hq=8, Hkv=2, D=128, seed=2):
+    """fp8 codes of Gaussian q, k, v (descales sized so codes stay well inside 448) and their
+    per (sequence, kv head) descales, on `device`."""
+    g = torch.Generator().manual_seed(seed)
+    dq = torch.rand(B, Hkv, generator=g) * 0.02 + 0.02
+    dk = torch.rand(B, Hkv, generator=g) * 0.02 + 0.02
+    dv = torch.tensor([0.03])
+    q = (torch.randn(B, Nq, Hq, D, generator=g) / per_head_t(dq, Hq)).to(FP8)
+    k = (torch.randn(B, Nk, Hkv, D, generator=g) / dk[:, None, :, None]).to(FP8)
+    v = (torch.randn(B, Nk, Hkv, D, generator=g) / dv).to(FP8)
+    return [t.to(device) for t in (q, k, v, dq, dk, dv)]
+
+
+def per_head_t(descale, heads_q):
+    return descale.repeat_interleave(heads_q // descale.shape[1], dim=1)[:, None, :, None]
+
+
+def expected_fp8_forward(q, k, v, dq, dk, dv, causal):
+    """float64 attention of the dequantised inputs, and the FP8 bound of docs/semantics.md per
+    element of out (the tensor cores' score error E = 2^-8 x scale x descales x sum |q_c k_c|
+    of the codes, e4m3 P with its subnormals, the P V sums; |v - ref| <= |v| + |ref| here)."""
+    Hq = q.shape[2]
+    qc, kc, vc = (t.cpu().double().numpy() for t in (q, k, v))
+    group = Hq // kc.shape[2]
+    sq = per_head(dq.cpu(), Hq)
+    sk = np.repeat(dk.cpu().double().numpy(), group, axis=1)[:, None, :, None]
+    vd = np.repeat(vc * float(dv.cpu()[0]), group, axis=2)
+    kc = np.repeat(kc, group, axis=2)
+    scale = 1 / np.sqrt(qc.shape[-1])
+    sc = (sq * sk)[:, 0, :, 0][:, :, None, None] * scale  # [B, H, 1, 1]
+    s = np.einsum("bqhd,bkhd->bhqk", qc, kc) * sc
+    e = 2.0**-8 * np.einsum("bqhd,bkhd->bhqk", np.abs(qc), np.abs(kc)) * sc
+    if causal:
+        nq, nk = qc.shape[1], kc.shape[1]
+        mask = np.arange(nk)[None, :] > np.arange(nq)[:, None] + nk - nq
+        s = np.where(mask, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    w = np.exp(s - m)
+    lse = m + np.log(w.sum(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    e_hat = np.log((w * np.exp(e)).sum(-1, keepdims=True))
+    f = np.exp(e + e_hat)
+    sub = np.minimum(w * np.exp(e), 2.0**-10 * np.exp((s + e).max(-1, keepdims=True) - lse))
+    av = np.abs(vd)
+    ref = np.einsum("bhqk,bkhd->bqhd", w, vd)
+    moved = np.einsum("bhqk,bkhd->bqhd", w * (f - 1), av) + \
+        np.abs(ref) * (w * (f - 1)).sum(-1).transpose(0, 2, 1)[..., None]
+    rel = np.einsum("bhqk,bkhd->bqhd", w * f, av)
+    subnormal = np.exp(e_hat[..., 0]).transpose(0, 2, 1)[..., None] * \
+        np.einsum("bhqk,bkhd->bqhd", sub, av)
+    bound = 2.0**-8 * np.abs(ref) + moved + (2.0**-4 + 2.0**-8) * rel + subnormal + 1e-3
+    return ref, bound
+
+
+def sm90_available():
+    return flashcpp.cuda_available() and torch.cuda.is_available() and \
+        torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not sm90_available(), reason="needs a Hopper (sm90) GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_fp8_on_cuda(causal):
+    """flashcpp.attention, flashcpp.torch.attention (the custom op) and a torch.compile'd call
+    on float8_e4m3fn CUDA tensors with descale tensors: the sm90a FP8 forward, within the FP8
+    bound of docs/semantics.md (expected_fp8_forward)."""
+    import flashcpp.torch as fa
+
+    q, k, v, dq, dk, dv = fp8_forward_case("cuda")
+    want, bound = expected_fp8_forward(q, k, v, dq, dk, dv, causal)
+    calls = [lambda: flashcpp.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
+                                        v_descale=dv),
+             lambda: fa.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
+                                  v_descale=dv),
+             torch.compile(lambda: fa.attention(q, k, v, causal=causal, q_descale=dq,
+                                                k_descale=dk, v_descale=dv), fullgraph=True)]
+    for i, call in enumerate(calls):
+        out = call()
+        assert out.dtype == torch.bfloat16
+        if i == 0:
+            info = flashcpp.last_run_info()
+            assert info.backend == "cuda_sm90" and "fp8_e4m3" in info.kernel, info
+        err = np.abs(out.float().cpu().numpy() - want)
+        assert (err <= bound).all(), (i, err.max())
+
+
+def test_forward_fp8_custom_op_on_cpu():
+    """The fp8 op (flashcpp::attention_fp8_fwd) on CPU tensors runs the reference: the eager
+    call's result, and fake tensors of the right dtype."""
+    import flashcpp.torch as fa
+
+    q, k, v, dq, dk, dv = fp8_forward_case("cpu", Nq=17, Nk=40, D=64)
+    eager = flashcpp.attention(q, k, v, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    op = fa.attention(q, k, v, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    assert op.dtype == torch.bfloat16
+    torch.testing.assert_close(op, eager, rtol=2.0**-7, atol=1e-6)
+    torch.library.opcheck(torch.ops.flashcpp.attention_fp8_fwd.default,
+                          (q, k, v, True, None, -1, -1, 0.0, "auto", dq, dk, dv),
+                          test_utils=("test_faketensor",))

@@ -245,13 +245,13 @@ def torch():
     return torch
 
 
-def torch_case(torch, rng, dtype, device, page_size=8, nnew=2, lens=(13, 0, 30)):
+def torch_case(torch, rng, dtype, device, page_size=8, nnew=2, lens=(13, 0, 30), capacity=32):
     """(q, k_cache, v_cache, k, v, cache_seqlens, block_table) as torch tensors, and the Cache
     they came from, its values rounded to `dtype` so that the oracle sees what flashcpp sees."""
     def rounded(a):
         return torch.from_numpy(a).to(dtype).float().numpy()
 
-    cache = Cache(rng, list(lens), 32, 2, 64, 64, page_size=page_size)
+    cache = Cache(rng, list(lens), capacity, 2, 64, 64, page_size=page_size)
     cache.k, cache.v = rounded(cache.k), rounded(cache.v)
     cache.keys, cache.values = ([rounded(x) for x in xs] for xs in (cache.keys, cache.values))
     arrays = [rounded(a) for a in new_tokens(rng, len(lens), nnew, 4, 2, 64, 64)]
@@ -383,6 +383,10 @@ needs_gpu = pytest.mark.skipif(not flashcpp.cuda_available(),
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_torch_cuda_eager(rng, torch, dtype, page_size, nnew):
     import flashcpp.torch as fa
+    from flashcpp import _build_info
+
+    if {"bfloat16": "bf16", "float16": "fp16"}[dtype] not in _build_info.dtypes:
+        pytest.skip(f"this build has no {dtype} kernels (FLASHCPP_DTYPES)")
 
     args, cache = torch_case(torch, rng, getattr(torch, dtype), "cuda", page_size, nnew,
                              lens=(13, 0, 32 - nnew))
@@ -436,6 +440,24 @@ def test_torch_cuda_graph_replay_with_new_lengths_and_pages(rng, torch, page_siz
         torch.cuda.synchronize()
         q, k_cache, v_cache, k, v = args[:5]
         check_torch(torch, cache, q, k, v, k_cache, v_cache, out, lse)
+
+
+@needs_gpu
+@pytest.mark.parametrize("page_size", [None, 16, 64, 256],
+                         ids=["contiguous", "paged16", "paged64", "paged256"])
+def test_torch_cuda_prefill_on_the_forward_kernels(rng, torch, page_size):
+    # Chunked prefill (64 new tokens or more) runs the forward kernels, contiguous or paged
+    # (the paged sm90a forward on Hopper, the paged sm80 one elsewhere); NaN in unused pages.
+    import flashcpp.torch as fa
+
+    args, cache = torch_case(torch, rng, torch.bfloat16, "cuda", page_size, nnew=80,
+                             lens=(100, 0, 300), capacity=512)
+    q, k_cache, v_cache, k, v, lens, table = args
+    out, lse = run_op(fa, args)
+    kernel = flashcpp.last_run_info().kernel
+    check_torch(torch, cache, q, k, v, k_cache, v_cache, out, lse)
+    assert "_fwd_" in kernel, kernel
+    assert ("_paged" in kernel) == (page_size is not None), kernel
 
 
 @needs_gpu

@@ -26,6 +26,11 @@ struct FwdKernelParams {
   float scale_log2 = 0.f;
   float lse_scale = 0.f;
   float softcap_in_scale = 0.f;  // scale / softcap, 0 without softcap
+  // sm90a FP8: the workspace's V^T (sm90/fp8_vt_layout.hpp), written by the pre-pass.
+  std::uint8_t* fp8_v_t = nullptr;
+  // A paged KV cache's block table (prefill with a cache on the forward kernels); unused by the
+  // other instantiations. Last, so the members above keep their offsets.
+  PagedKV paged;
 };
 
 // Element counts of the split-KV workspace (floats).

@@ -79,6 +79,23 @@ __device__ __forceinline__ void load_rows(Element* dst, const Element* src, std:
   }
 }
 
+// The inverse of load_rows for the epilogue: rows [0, rows) x cols [0, cols) of the shared
+// matrix `src` (layout Mat) to global memory in 16-byte chunks (cols a multiple of 8, rows
+// 16-byte aligned).
+template <class Tr, class Mat, int kRows, class Element>
+__device__ __forceinline__ void store_rows(Element* dst, std::int64_t row_stride, const Element* src,
+                                           int rows, int cols) {
+  constexpr int kChunks = kRows * Tr::kChunksPerRow;
+#pragma unroll
+  for (int it = 0; it < kChunks / Tr::kThreads; ++it) {
+    const int idx = it * Tr::kThreads + int(threadIdx.x);
+    const int r = idx / Tr::kChunksPerRow, c = idx % Tr::kChunksPerRow * 8;
+    if (r < rows && c < cols)
+      *reinterpret_cast<uint4*>(dst + r * row_stride + c) =
+          *reinterpret_cast<const uint4*>(src + Mat::offset(r, c));
+  }
+}
+
 template <class Element, int kTileIndex>
 __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 1)
     bwd_main(const BwdKernelParams kp) {
@@ -311,35 +328,33 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
 
   cp_async_wait<0>();  // no copy outlives the CTA (n_steps == 0 issued K and V only)
 
-  // dK * scale and dV straight from the accumulators; rows past the sequence's seqlen_k and
-  // columns past the real head dim dropped.
+  // dK * scale and dV; rows past the sequence's seqlen_k and columns past the real head dim
+  // dropped.
   Element* const dk = static_cast<Element*>(p.dk) +
                       seq.offset(p.dk_stride, seq.batch_k, seq.row_k + n0, hk);
   Element* const dv = static_cast<Element*>(p.dv) +
                       seq.offset(p.dv_stride, seq.batch_k, seq.row_k + n0, hk);
-  // The usual case (instantiated head dim, even row strides, 4-byte aligned rows): a thread's
-  // two neighbouring columns as one 4-byte store, from one row address per row (half the
-  // stores and none of the per-element column checks). Otherwise 2-byte stores.
-  const bool pairs = D == Tr::kHeadDim && p.dk_stride.row % 2 == 0 && p.dv_stride.row % 2 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(dk) % 4 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(dv) % 4 == 0;
-  if (pairs) {
+  // The usual case (head dim a multiple of 8, 16-byte aligned rows): through shared memory
+  // (K and V are dead), then 16-byte stores of whole row chunks, as the loads came in. Straight
+  // from the accumulators, every store instruction of a warp would touch 8 rows with 4 bytes
+  // per lane (8 times the store instructions and L2 requests), the CTA's last act before the
+  // next one can start on its SM.
+  const bool vec_out = kp.vec8 && D % 8 == 0 && p.dk_stride.row % 8 == 0 &&
+                       p.dv_stride.row % 8 == 0 &&
+                       (reinterpret_cast<std::uintptr_t>(dk) | reinterpret_cast<std::uintptr_t>(dv)) % 16 == 0;
+  if (vec_out) {
 #pragma unroll
     for (int mt = 0; mt < Tr::kDkvMT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = kv_row0 + acc_row(mt, h);
-        if (row >= rows_k) continue;
-        Element* const dk_row = dk + row * p.dk_stride.row + kv_col0 + acc_col(0, 0);
-        Element* const dv_row = dv + row * p.dv_stride.row + kv_col0 + acc_col(0, 0);
+      for (int nt = 0; nt < Tr::kDkvNT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < Tr::kDkvNT; ++nt) {
-          *reinterpret_cast<std::uint32_t*>(dk_row + nt * 8) = pack2<Element>(
-              acc_dk[mt][nt][2 * h] * p.scale, acc_dk[mt][nt][2 * h + 1] * p.scale);
-          *reinterpret_cast<std::uint32_t*>(dv_row + nt * 8) =
-              pack2<Element>(acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
-        }
-      }
+        for (int e = 0; e < 4; ++e) acc_dk[mt][nt][e] *= p.scale;
+    __syncthreads();  // every warp is done with K and V
+    store_acc<KTile>(sK, acc_dk, kv_row0, kv_col0);
+    store_acc<KTile>(sV, acc_dv, kv_row0, kv_col0);
+    __syncthreads();
+    store_rows<Tr, KTile, BN>(dk, p.dk_stride.row, sK, rows_k, D);
+    store_rows<Tr, KTile, BN>(dv, p.dv_stride.row, sV, rows_k, D);
     return;
   }
 #pragma unroll

@@ -74,22 +74,33 @@ __device__ __forceinline__ void mask_p_ds(float (&acc_s)[MT][NT][4], float (&acc
 // multiple of 16 and col0 of 8 NT (the warp grids of bwd_main_traits.hpp), so a thread's rows
 // all have r & 7 = g and, NT being a power of two, its chunk in column tile nt is
 // (col0 / 8 + nt) ^ g = (col0 / 8 ^ g) ^ nt: NT addresses per thread, the rows fixed offsets
-// from them (no per-store swizzle arithmetic).
+// from them (no per-store swizzle arithmetic). Other NT on a swizzled matrix: per store.
 template <class Mat, class Element, int MT, int NT>
 __device__ __forceinline__ void store_acc(Element* dst, const float (&acc)[MT][NT][4], int row0,
                                           int col0) {
-  static_assert((NT & (NT - 1)) == 0, "NT a power of two");
   const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
-  Element* const row = dst + (row0 + g) * Mat::kLd + 2 * t;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    Element* const col = row + (Mat::kSwizzled ? ((col0 / 8 ^ g) ^ nt) * 8 : col0 + nt * 8);
+  if constexpr (Mat::kSwizzled && (NT & (NT - 1)) != 0) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<std::uint32_t*>(col + (mt * 16 + h * 8) * Mat::kLd) =
-            pack2<Element>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<std::uint32_t*>(
+              dst + Mat::offset(row0 + mt * 16 + h * 8 + g, col0 + nt * 8 + 2 * t)) =
+              pack2<Element>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+  } else {
+    Element* const row = dst + (row0 + g) * Mat::kLd + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      Element* const col = row + (Mat::kSwizzled ? ((col0 / 8 ^ g) ^ nt) * 8 : col0 + nt * 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<std::uint32_t*>(col + (mt * 16 + h * 8) * Mat::kLd) =
+              pack2<Element>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    }
   }
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // The backward's pre- and post-pass (padded or varlen):
-//  bwd_preprocess:  one warp per query row: dsum = rowsum(dO * O), lse_log2 = lse * log2(e) (+inf where lse = -inf,
-//                   so exp2 gives P = 0), and, unless deterministic, a zeroed fp32 dq_accum
-//                   row;
+//  bwd_preprocess:  one warp per query row: dsum = rowsum(dO * O), lse_log2 = lse * log2(e)
+//                   (+inf where lse = -inf, so exp2 gives P = 0), and, unless deterministic,
+//                   a zeroed fp32 dq_accum row;
 //  bwd_postprocess: dq = dq_accum * scale in the output dtype, one CTA per query block of
 //                   the main kernel (it reads the block in the order that kernel wrote it);
 //                   not run when deterministic (the dq kernel writes dq itself).
@@ -31,7 +31,22 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) bwd_preprocess(const BwdKern
   const T* o = static_cast<const T*>(p.out) + seq.offset(p.out_stride, seq.batch_q, row, h);
   const T* g = static_cast<const T*>(p.dout) + seq.offset(p.dout_stride, seq.batch_q, row, h);
   float acc = 0.f;
-  for (int d = lane; d < p.head_dim; d += 32) acc += to_f(o[d]) * to_f(g[d]);
+  // The usual case (head dim a multiple of 8, 16-byte aligned rows): 16-byte loads, a warp
+  // instruction reads 512 contiguous bytes of the row.
+  const bool vec = p.head_dim % 8 == 0 &&
+                   (reinterpret_cast<std::uintptr_t>(o) | reinterpret_cast<std::uintptr_t>(g)) % 16 == 0;
+  if (vec) {
+    for (int d = lane * 8; d < p.head_dim; d += 32 * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + d);
+      const uint4 gv = *reinterpret_cast<const uint4*>(g + d);
+      const T* const oe = reinterpret_cast<const T*>(&ov);
+      const T* const ge = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += to_f(oe[e]) * to_f(ge[e]);
+    }
+  } else {
+    for (int d = lane; d < p.head_dim; d += 32) acc += to_f(o[d]) * to_f(g[d]);
+  }
 #pragma unroll
   for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
   const std::int64_t r = ws_row(p, b, h, i);
@@ -43,7 +58,12 @@ __global__ void __launch_bounds__(32 * kRowsPerCta) bwd_preprocess(const BwdKern
   }
   if (p.deterministic) return;
   float* a = kp.dq_accum + r * p.head_dim;
-  for (int d = lane; d < p.head_dim; d += 32) a[d] = 0.f;
+  if (p.head_dim % 4 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0) {
+    for (int d = lane * 4; d < p.head_dim; d += 32 * 4)
+      *reinterpret_cast<float4*>(a + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+    for (int d = lane; d < p.head_dim; d += 32) a[d] = 0.f;
+  }
 }
 
 // One CTA per query block of the main kernel's tile (kTileIndex), in its thread layout: a whole

@@ -77,11 +77,19 @@ inline int decode_m_tiles(const KVCacheParams& p) {
 // the memory bandwidth, so one per SM keeps the memory busy, and fewer splits leave fewer
 // partials for the combine and fewer CTA start-ups; each split keeps at least 2 key blocks of
 // the capacity (short caches are latency-bound: more splits walk shorter chains). Decided from shapes only: the lengths live on the device.
+// An fp8 cache's CTA converts every element it reads: its stream is bounded by its
+// instructions, so it aims at every CTA slot of the GPU (ctas_per_sm per SM), contiguous or
+// paged alike.
 inline int decode_splits(const KVCacheParams& p, const DecodeTile& t, int sm_count) {
   const std::int64_t ctas = std::int64_t(p.batch) * p.heads_kv * decode_m_tiles(p);
-  if (ctas <= 0 || 2 * ctas > sm_count) return 1;
   const std::int64_t blocks = (std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n;
   const std::int64_t by_blocks = std::max<std::int64_t>(1, blocks / 2);
+  if (p.kv_dtype == ElementType::fp8_e4m3) {
+    const std::int64_t slots = std::int64_t(sm_count) * t.ctas_per_sm;
+    if (ctas <= 0 || 2 * ctas > slots) return 1;
+    return int(std::min<std::int64_t>({slots / ctas, by_blocks, 128}));
+  }
+  if (ctas <= 0 || 2 * ctas > sm_count) return 1;
   std::int64_t splits = std::min<std::int64_t>({sm_count / ctas, by_blocks, 128});
   // Contiguous caches with a third of the SMs or more busy: one CTA per (sequence, kv head)
   // nearly saturates the memory by itself, so split only long caches, where the combine is

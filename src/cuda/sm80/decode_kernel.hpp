@@ -13,8 +13,8 @@
 //   epilogue   the warps' (max, sum, O) are merged through shared memory; O and lse go to
 //              the output, or, split, to the workspace for the combine kernel.
 // An fp8 (e4m3) cache (Cache = std::uint8_t, q and out bf16) streams its bytes the same way and
-// turns them into bf16 operands in registers (decode_fp8_fragments.hpp); its descales scale
-// the scores and the output in fp32.
+// turns them into f16 operands in registers (decode_fp8_fragments.hpp), q scaled into f16's
+// range once per CTA; its descales and q's scale scale the scores and the output in fp32.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -112,6 +112,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     }
     out_factor = p.v_descale.at(b, head_kv);
   }
+  // fp8 caches: the products run in f16 (decode_fp8_fragments.hpp).
+  using MmaElement = std::conditional_t<kFp8, cutlass::half_t, Element>;
   const float& scale_log2 = kFp8 ? fp8_scale_log2 : kp.scale_log2;
   const float& lse_scale = kFp8 ? fp8_lse_scale : kp.lse_scale;
   const float& softcap_in = kFp8 ? fp8_softcap_in : kp.softcap_in_scale;
@@ -188,11 +190,26 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
         }
       }
       if constexpr (kPaged) next_entry = table_entry(blk + 1);
+      if constexpr (kFp8) {
+        // Instruction-bound: the source steps by the row stride, and a copy that may not read
+        // (past the length, an unused page, the head-dim padding) copies 0 bytes, which
+        // reads nothing, so its address needs no replacing.
+        const Cache* k_src = k_head + k_row0;
+        const Cache* v_src = v_head + v_row0;
 #pragma unroll
-      for (int j = 0; j < kRowsPerThread; ++j) {
-        const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
-        cp_async_16(sk + kv_slot(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
-        cp_async_16(sv + kv_slot(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          cp_async_16(sk + kv_slot(row_base + j, chunk), k_src, j < rows && k_col);
+          cp_async_16(sv + kv_slot(row_base + j, chunk), v_src, j < rows && v_col);
+          k_src += ks.row;
+          v_src += vs.row;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const bool k_ok = j < rows && k_col, v_ok = j < rows && v_col;
+          cp_async_16(sk + kv_slot(row_base + j, chunk), k_ok ? k_head + k_row0 + j * ks.row : k_head, k_ok);
+          cp_async_16(sv + kv_slot(row_base + j, chunk), v_ok ? v_head + v_row0 + j * vs.row : v_head, v_ok);
+        }
       }
     } else if constexpr (kPaged) {
       // Pages whose size is not a multiple of kRowsPerThread: each row looks up its own page.
@@ -225,12 +242,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block `blk` landed for every thread; stage (it - 1) % kStages is free
     if (it == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        if constexpr (kFp8) {
-          fp8_q_fragment<QC>(q_frag[kk], s_q, kk, lane,
-                             [](int row, int chunk) { return swizzled<QC>(row, chunk); });
+      if constexpr (kFp8) {
+        // Q into f16 times 2^e; the scores come out 2^e too large, the scale takes it back.
+        __shared__ int q_max_of_warp[kDecodeWarps];
+        const int e = fp8_q_scale_exponent<Traits::kThreads, kDecodeRows * D>(s_q, q_max_of_warp);
+        if constexpr (kSoftcap) {
+          fp8_softcap_in *= fp8_pow2(-e);
         } else {
+          fp8_scale_log2 *= fp8_pow2(-e);
+          fp8_lse_scale *= fp8_pow2(-e);
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          fp8_q_fragment<C>(q_frag[kk], s_q, kk, lane, fp8_pow2(e),
+                            [](int row, int chunk) { return swizzled<QC>(row, chunk); });
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
           const int m = lane / 8;
           ldmatrix_x4(q_frag[kk], s_q + swizzled<QC>((m % 2) * 8 + lane % 8, kk * 2 + m / 2));
         }
@@ -242,14 +270,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     const Cache* sk = s_k + (it % kStages) * BN * D;
     const Cache* sv = s_v + (it % kStages) * BN * D;
     float s[2][4] = {};
+    if constexpr (kFp8) {
+      fp8_qk<D, C>(s, q_frag, sk, warp * 16, lane,
+                   [](float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+                     mma_16816<MmaElement>(c, a, b0, b1);
+                   });
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      if constexpr (kFp8) {
-        std::uint32_t kf[2][2];
-        fp8_k_fragments<C>(kf, sk, warp * 16, kk, lane);
-        mma_16816<Element>(s[0], q_frag[kk], kf[0][0], kf[0][1]);
-        mma_16816<Element>(s[1], q_frag[kk], kf[1][0], kf[1][1]);
-      } else {
+      for (int kk = 0; kk < D / 16; ++kk) {
         std::uint32_t kf[4];
         const int m = lane / 8;
         ldmatrix_x4(kf, sk + swizzled<C>(warp * 16 + (m / 2) * 8 + lane % 8, kk * 2 + m % 2));
@@ -309,6 +337,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     }
 
     // Online softmax of the thread's two rows (g and g + 8), stats shared across the quad.
+    float rescale_of_row[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float block_max =
@@ -317,12 +346,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       // A row that has seen no visible key keeps max -inf: offset 0 keeps exp2 at 0, not NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       const float rescale = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+      rescale_of_row[r] = rescale;
       row_max[r] = m;
       row_sum[r] *= rescale;
+      if constexpr (!kFp8) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc_o[n][2 * r] *= rescale;
-        acc_o[n][2 * r + 1] *= rescale;
+        for (int n = 0; n < D / 8; ++n) {
+          acc_o[n][2 * r] *= rescale;
+          acc_o[n][2 * r + 1] *= rescale;
+        }
       }
 #pragma unroll
       for (int n = 0; n < 2; ++n)
@@ -332,13 +364,26 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
           row_sum[r] += s[n][e];
         }
     }
+    // fp8 (instruction-bound): once the maxima settle, no row of the warp rescales (the factor
+    // is exactly 1), and the D / 4 multiplies per thread are skipped.
+    if constexpr (kFp8) {
+      if (__any_sync(0xffffffffu, rescale_of_row[0] != 1.f || rescale_of_row[1] != 1.f)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            acc_o[n][2 * r] *= rescale_of_row[r];
+            acc_o[n][2 * r + 1] *= rescale_of_row[r];
+          }
+      }
+    }
     // P as the A operand of P V: the S accumulators of two n8 tiles are one k16 A tile.
-    const std::uint32_t p_frag[4] = {pack2<Element>(s[0][0], s[0][1]), pack2<Element>(s[0][2], s[0][3]),
-                                     pack2<Element>(s[1][0], s[1][1]), pack2<Element>(s[1][2], s[1][3])};
+    const std::uint32_t p_frag[4] = {pack2<MmaElement>(s[0][0], s[0][1]), pack2<MmaElement>(s[0][2], s[0][3]),
+                                     pack2<MmaElement>(s[1][0], s[1][1]), pack2<MmaElement>(s[1][2], s[1][3])};
     if constexpr (kFp8) {
       fp8_pv<D, C>(acc_o, p_frag, sv, warp * 16, lane,
                    [](float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-                     mma_16816<Element>(c, a, b0, b1);
+                     mma_16816<MmaElement>(c, a, b0, b1);
                    });
     } else {
 #pragma unroll
@@ -397,9 +442,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     const float weight = m == -INFINITY ? 0.f : fast_exp2((row_max[r] - m) * scale_log2);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      // fp8: V's n index was permuted (decode_fp8_fragments.hpp).
-      const int col0 = kFp8 ? fp8_v_dim<D>(n, 2 * tq) : n * 8 + 2 * tq;
-      const int col1 = kFp8 ? fp8_v_dim<D>(n, 2 * tq + 1) : col0 + 1;
+      // fp8: V's n index was permuted (decode_fp8_fragments.hpp), and the merge buffer's
+      // columns are swizzled so that the permuted stores do not all hit one bank.
+      const int col0 = kFp8 ? fp8_merge_slot(row, fp8_v_dim<D>(n, 2 * tq)) : n * 8 + 2 * tq;
+      const int col1 = kFp8 ? fp8_merge_slot(row, fp8_v_dim<D>(n, 2 * tq + 1)) : col0 + 1;
       merge_o[(warp * kDecodeRows + row) * D + col0] = acc_o[n][2 * r] * weight;
       merge_o[(warp * kDecodeRows + row) * D + col1] = acc_o[n][2 * r + 1] * weight;
     }
@@ -411,28 +457,88 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   float* const part_o = merge_o + kDecodeWarps * kDecodeRows * D;  // [16][D]
   static_assert((kDecodeWarps + 1) * kDecodeRows * D * 4 <=
                 2 * Traits::kStages * BN * D * int(sizeof(Cache)));
-  for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
-    const int r = i / D, col = i % D;
-    if (col >= p.head_dim_v) continue;
-    float o = 0.f;
+  // 16-bit outputs: 8 columns per step (two 16-byte merge-buffer reads per warp, 16-byte
+  // stores) where Dv and the destination's rows allow it; otherwise one column per step. With
+  // 16 live rows (Nnew 4 x group 4) the one-column loop was the largest part of the
+  // difference between a short Nnew 4 call and an Nnew 1 call (ncu on the H100, B8 L1k);
+  // 8 columns a step took B8 L1k Nnew 4 from 17.4 to 15.5 us, B1 L1k from 9.6 to 9.0 us.
+  constexpr int kVec = 8;
+  const bool vec_dst =
+      kClusterCombine ||
+      (kp.num_splits > 1 ? reinterpret_cast<std::uintptr_t>(kp.o_accum) % 16 == 0
+                         : reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 && p.out_stride.batch % 8 == 0 &&
+                               p.out_stride.row % 8 == 0 && p.out_stride.head % 8 == 0);
+  const bool stored = !kFp8 && p.head_dim_v % kVec == 0 && vec_dst;  // (fp8: swizzled columns)
+  if (stored) {
+    constexpr int kSteps = D / kVec;
+    for (int i = tid; i < rows_here * kSteps; i += Traits::kThreads) {
+      const int r = i / kSteps, col = i % kSteps * kVec;
+      if (col >= p.head_dim_v) continue;
+      float o[kVec] = {};
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) o += merge_o[(w * kDecodeRows + r) * D + col];
-    o = row_scale[r] == 0.f ? 0.f : o * row_scale[r];  // a row that saw no key: exactly 0
-    const float lse = row_lse[r];
-    if constexpr (kClusterCombine) {
-      part_o[r * D + col] = o;
-      continue;
+      for (int w = 0; w < kDecodeWarps; ++w)
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4) {
+          const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kDecodeRows + r) * D + col + j);
+          o[j] += x.x, o[j + 1] += x.y, o[j + 2] += x.z, o[j + 3] += x.w;
+        }
+      const float scale = row_scale[r];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o[j] = scale == 0.f ? 0.f : o[j] * scale;  // no key: exactly 0
+      float* f32_dst = nullptr;
+      if constexpr (kClusterCombine) {
+        f32_dst = part_o + r * D + col;
+      } else {
+        const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
+        if (kp.num_splits > 1) {
+          const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
+          f32_dst = kp.o_accum + (split * rows_per_split + row_id) * p.head_dim_v + col;
+          if (col == 0) kp.lse_accum[split * rows_per_split + row_id] = row_lse[r];
+        } else {
+          uint4 packed;
+          packed.x = pack2<Element>(o[0], o[1]);
+          packed.y = pack2<Element>(o[2], o[3]);
+          packed.z = pack2<Element>(o[4], o[5]);
+          packed.w = pack2<Element>(o[6], o[7]);
+          *reinterpret_cast<uint4*>(static_cast<Element*>(p.out) + b * p.out_stride.batch +
+                                    std::int64_t(t) * p.out_stride.row +
+                                    std::int64_t(h) * p.out_stride.head + col) = packed;
+          if (col == 0 && p.lse != nullptr)
+            p.lse[b * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + t] = row_lse[r];
+        }
+      }
+      if (f32_dst != nullptr) {
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4)
+          *reinterpret_cast<float4*>(f32_dst + j) = make_float4(o[j], o[j + 1], o[j + 2], o[j + 3]);
+      }
     }
-    const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
-    if (kp.num_splits > 1) {
-      const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
-      kp.o_accum[(split * rows_per_split + row_id) * p.head_dim_v + col] = o;
-      if (col == 0) kp.lse_accum[split * rows_per_split + row_id] = lse;
-    } else {
-      static_cast<Element*>(p.out)[b * p.out_stride.batch + std::int64_t(t) * p.out_stride.row +
-                                   std::int64_t(h) * p.out_stride.head + col] = Element(o);
-      if (col == 0 && p.lse != nullptr)
-        p.lse[b * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + t] = lse;
+  }
+  if (!stored) {
+    for (int i = tid; i < rows_here * D; i += Traits::kThreads) {
+      const int r = i / D, col = i % D;
+      if (col >= p.head_dim_v) continue;
+      float o = 0.f;
+  #pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w)
+        o += merge_o[(w * kDecodeRows + r) * D + (kFp8 ? fp8_merge_slot(r, col) : col)];
+      o = row_scale[r] == 0.f ? 0.f : o * row_scale[r];  // a row that saw no key: exactly 0
+      const float lse = row_lse[r];
+      if constexpr (kClusterCombine) {
+        part_o[r * D + col] = o;
+        continue;
+      }
+      const int row = row0 + r, t = row / kp.group, h = head_kv * kp.group + row % kp.group;
+      if (kp.num_splits > 1) {
+        const std::int64_t row_id = (std::int64_t(b) * p.heads_q + h) * p.seqlen_q + t;
+        kp.o_accum[(split * rows_per_split + row_id) * p.head_dim_v + col] = o;
+        if (col == 0) kp.lse_accum[split * rows_per_split + row_id] = lse;
+      } else {
+        static_cast<Element*>(p.out)[b * p.out_stride.batch + std::int64_t(t) * p.out_stride.row +
+                                     std::int64_t(h) * p.out_stride.head + col] = Element(o);
+        if (col == 0 && p.lse != nullptr)
+          p.lse[b * p.lse_batch_stride + std::int64_t(h) * p.lse_head_stride + t] = lse;
+      }
     }
   }
   if constexpr (kClusterCombine)

@@ -64,13 +64,14 @@ inline int fwd_num_n_blocks(const ForwardParams& p, const Sm80FwdTile& t) {
   return int((std::int64_t(p.seqlen_k) + t.block_n - 1) / t.block_n);
 }
 
-// RunInfo::kernel, e.g. "sm80_fwd_bf16_hdim128_128x64_4w_splitkv".
-inline const char* fwd_kernel_name(const FwdKernel& k, bool split) {
+// RunInfo::kernel, e.g. "sm80_fwd_bf16_hdim128_128x64_4w_splitkv" ("..._4w_paged..." over a
+// paged KV cache).
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split, bool paged = false) {
   const Sm80FwdTile t = sm80_fwd_tile(k.head_dim);
   return intern_name(std::string("sm80_fwd_") + dtype_name(k.dtype) + "_hdim" +
                      std::to_string(k.head_dim) + "_" + std::to_string(t.block_m) + "x" +
                      std::to_string(t.block_n) + "_" + std::to_string(t.warps) + "w" +
-                     (split ? "_splitkv" : ""));
+                     (paged ? "_paged" : "") + (split ? "_splitkv" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm80

@@ -15,7 +15,8 @@ namespace flashcpp::detail::cuda::sm80 {
 
 using namespace cute;
 
-template <class Traits, bool kSoftcap>
+// kPaged: K and V from a paged KV cache (fwd_mainloop.hpp).
+template <class Traits, bool kSoftcap, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams kp) {
   extern __shared__ __align__(128) char smem[];
@@ -44,8 +45,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // A tile with no visible key skips every load and product: finalize then yields O = 0 and
   // lse = -inf for all its rows.
   if (range.begin < range.end) {
-    FwdMainloop<Traits, kSoftcap>{}(kp, seq, mask, tile.m_block, tile.head, range, unmasked, smem, acc_o,
-                          softmax);
+    FwdMainloop<Traits, kSoftcap, kPaged>{}(kp, seq, mask, tile.m_block, tile.head, tile.batch,
+                                            range, unmasked, smem, acc_o, softmax);
   }
   float lse[kRows];
   Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));

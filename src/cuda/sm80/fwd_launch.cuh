@@ -14,10 +14,15 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
+// A paged KV cache (kp.paged) runs the kPaged kernels.
 template <class Element, int kHeadDim>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   using Traits = FwdTraits<Element, kHeadDim>;
-  const auto kernel = kp.softcap_in_scale != 0.f ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
+  const bool softcap = kp.softcap_in_scale != 0.f;
+  const auto kernel =
+      kp.paged.block_table != nullptr
+          ? (softcap ? &fwd_kernel<Traits, true, true> : &fwd_kernel<Traits, false, true>)
+          : (softcap ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>);
   constexpr int smem = Traits::kSmemBytes;
   // Above 48 KB of shared memory, dynamic plus any static arrays, a kernel must opt in (once
   // per device is enough, but the attribute call is cheap and keeps this free of per-device

@@ -16,6 +16,7 @@
 #include "cuda/sm80/fwd_non_finite_v.hpp"
 #include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/gemm.hpp"
+#include "cuda/sm80/paged_tile_loader.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
 
@@ -23,7 +24,9 @@ using namespace cute;
 
 // kSoftcap: S goes through softcap * tanh(S * scale / softcap) (a compile-time flag: the
 // run-time test was if-converted into ~17 predicated instructions per S element).
-template <class Traits, bool kSoftcap>
+// kPaged: K and V come from a paged KV cache (kp.paged; each row through the block table,
+// paged_tile_loader.hpp); everything else is the varlen path of the same kernel.
+template <class Traits, bool kSoftcap, bool kPaged = false>
 struct FwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -32,11 +35,12 @@ struct FwdMainloop {
   static constexpr int kKVStages = Traits::kKVStages;
 
   // Runs key blocks [range.begin, range.end) (non-empty) of query tile m_block and leaves the
-  // unnormalised O in acc_o and the row statistics in softmax.
+  // unnormalised O in acc_o and the row statistics in softmax. `batch`: the tile's sequence
+  // (its block-table row when paged).
   template <class AccO, class Softmax>
   __device__ void operator()(const FwdKernelParams& kp, const SeqlenInfo& seq,
-                             const WindowMask& mask, int m_block, int head, BlockRange range,
-                             BlockRange unmasked, char* smem, AccO& acc_o,
+                             const WindowMask& mask, int m_block, int head, int batch,
+                             BlockRange range, BlockRange unmasked, char* smem, AccO& acc_o,
                              Softmax& softmax) const {
     const ForwardParams& p = kp.p;
     const int tid = threadIdx.x;
@@ -95,11 +99,19 @@ struct FwdMainloop {
     // the spills at d128 from 180 B to 636 B with nvcc 13.)
     auto load_k = [&](int n, int b) {
       auto dst = buf(tKsK, b);
-      load_k_tile(dst, n, seq.seqlen_k - n * kBlockN);
+      if constexpr (kPaged)
+        load_paged_tile<Traits>(kp, p.k, p.k_stride, p.head_dim, batch, head_kv, dst, n,
+                                seq.seqlen_k - n * kBlockN);
+      else
+        load_k_tile(dst, n, seq.seqlen_k - n * kBlockN);
     };
     auto load_v = [&](int n, int b) {
       auto dst = buf(tVsV, b);
-      load_v_tile(dst, n, seq.seqlen_k - n * kBlockN);
+      if constexpr (kPaged)
+        load_paged_tile<Traits>(kp, p.v, p.v_stride, p.head_dim_v, batch, head_kv, dst, n,
+                                seq.seqlen_k - n * kBlockN);
+      else
+        load_v_tile(dst, n, seq.seqlen_k - n * kBlockN);
     };
 
     // ---- block order: masked blocks first, then the unmasked band ----

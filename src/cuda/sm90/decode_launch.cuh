@@ -1,8 +1,10 @@
 #pragma once
 // Host side of one sm90a KV-cache decode instantiation: the decode kernel of
 // sm80/decode_kernel.hpp with its splits merged inside a thread-block cluster
-// (sm90/decode_cluster_combine.hpp), so a split call is one kernel. Included only by the
-// generated per-instantiation translation units (compiled for sm_90a alone).
+// (sm90/decode_cluster_combine.hpp), so a split call is one kernel; and, for an fp8 cache,
+// the same kernel without the cluster, compiled for sm_90a (its e4m3 -> f16 conversion
+// instruction exists from sm89 on; the sm80 translation units carry sm_80 code). Included
+// only by the generated per-instantiation translation units (compiled for sm_90a alone).
 #include <atomic>
 #include <climits>
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/kvcache_append.hpp"
 #include "cuda/sm80/decode_kernel.hpp"
+#include "cuda/sm80/decode_launch.cuh"
+#include "cuda/sm90/decode_dispatch.hpp"
 #include "cuda/sm90/decode_cluster_combine.hpp"
 #include "flashcpp/error.hpp"
 
@@ -35,12 +39,13 @@ bool run_decode_cluster(const KVCacheKernelParams& kp, cudaStream_t stream) {
   // One CTA per SM: the GPU places a cluster inside one GPC and would otherwise pack two of
   // its CTAs on an SM, leaving other SMs idle (H100, B1 L16k: 8 splits packed or spread alike,
   // 16 splits spread 30% slower than packed, since 16-CTA clusters of one CTA per SM do not
-  // all fit at once). Asking for half an SM's shared memory spreads them.
+  // all fit at once). Asking for half an SM's shared memory spreads them. An fp8 cache's CTA
+  // is bounded by its instructions, not by its loads: it keeps two CTAs per SM.
   int device = 0, smem_per_sm = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHCPP_CUDA_CHECK(
       cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  const int smem = std::max(Traits::kSmemBytes, smem_per_sm / 2);
+  const int smem = Traits::kFp8 ? Traits::kSmemBytes : std::max(Traits::kSmemBytes, smem_per_sm / 2);
   FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            cudaSharedmemCarveoutMaxShared));
@@ -73,6 +78,20 @@ bool run_decode_cluster(const KVCacheKernelParams& kp, cudaStream_t stream) {
   if (p.appends()) launch_kvcache_append<Element, Cache>(kp, stream);
   FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, kp));
   return true;
+}
+
+// The sm90a entry: the cluster merge where asked for and possible; otherwise, for an fp8
+// cache, the kernel and (split) the combine kernel from this sm_90a code; nothing for 16-bit
+// caches (the caller runs the sm80-family kernel).
+template <class Element, int kHeadDim, class Cache = Element>
+DecodeSm90Ran run_decode_sm90(const KVCacheKernelParams& kp, bool merge_in_cluster, cudaStream_t stream) {
+  if (merge_in_cluster && run_decode_cluster<Element, kHeadDim, Cache>(kp, stream))
+    return DecodeSm90Ran::cluster;
+  if constexpr (sm80::DecodeTraits<Element, kHeadDim, Cache>::kFp8) {
+    sm80::run_decode<Element, kHeadDim, Cache>(kp, stream);
+    return DecodeSm90Ran::unmerged;
+  }
+  return DecodeSm90Ran::nothing;
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

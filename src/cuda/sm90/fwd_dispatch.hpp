@@ -53,14 +53,17 @@ inline bool any_fwd_built() {
 
 // The smallest instantiation of this dtype whose head dims cover the call's (smaller head dims
 // run zero-padded: the TMA descriptors carry the real head dims and fill the rest with zeros);
-// D != Dv calls only on the D != Dv instantiations.
+// D != Dv calls only on the D != Dv instantiations. FP8 inputs (q, k, v e4m3, `dtype` out's)
+// run on the fp8_e4m3 instantiations.
 inline const FwdKernel* find_fwd_kernel(const ForwardParams& p) {
-  return smallest_covering_pair(kFwdKernels, p.dtype, p.head_dim, p.head_dim_v);
+  return smallest_covering_pair(kFwdKernels, p.fp8_inputs() ? ElementType::fp8_e4m3 : p.dtype,
+                                p.head_dim, p.head_dim_v);
 }
 
 // The tile of an instantiation.
 inline Sm90FwdTile fwd_tile_of(const FwdKernel& k) {
-  return sm90_fwd_tile(k.head_dim, k.head_dim_v);
+  return k.dtype == ElementType::fp8_e4m3 ? sm90_fwd_tile_fp8(k.head_dim, k.head_dim_v)
+                                          : sm90_fwd_tile(k.head_dim, k.head_dim_v);
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
@@ -78,10 +81,11 @@ inline bool disabled_by_env() {
 // strides of modes with extent 1: those are never stepped and the launcher replaces them
 // (fwd_launch.cuh, tma_stride), so e.g. a single-batch view with an odd batch stride still
 // runs here.
-inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int heads, int batch) {
-  constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte element
+inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int heads, int batch,
+                           std::int64_t element_bytes = 2) {
+  const std::int64_t kElems = 16 / element_bytes;  // elements in 16 bytes
   // A zero stride (a broadcast view) is refused as well: a tensor map's strides are positive.
-  auto ok = [](std::int64_t stride, int extent) {
+  auto ok = [kElems](std::int64_t stride, int extent) {
     return extent <= 1 || (stride > 0 && stride % kElems == 0);
   };
   return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0 && ok(s.row, rows) &&
@@ -89,15 +93,42 @@ inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int head
 }
 
 // True when the sm90 forward can run this call (split-KV is decided by the planner).
+// FP8 (q, k, v e4m3): out bf16, D == Dv, the KV split off (the planner's business), and the
+// seqused_k form (the KV cache's) never comes here.
 inline bool fwd_covers(const ForwardParams& p) {
-  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  const bool fp8 = p.fp8_inputs();
+  if (fp8) {
+    if (p.dtype != ElementType::bf16 || p.head_dim != p.head_dim_v || p.seqused_k != nullptr)
+      return false;
+  } else if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) {
+    return false;
+  }
   if (find_fwd_kernel(p) == nullptr) return false;
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   const int rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
-  return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches) &&
-         tma_compatible(p.k, p.k_stride, rows_k, p.heads_kv, batches) &&
-         tma_compatible(p.v, p.v_stride, rows_k, p.heads_kv, batches) &&
+  const std::int64_t in_bytes = fp8 ? 1 : 2;
+  return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches, in_bytes) &&
+         tma_compatible(p.k, p.k_stride, rows_k, p.heads_kv, batches, in_bytes) &&
+         tma_compatible(p.v, p.v_stride, rows_k, p.heads_kv, batches, in_bytes) &&
          tma_compatible(p.out, p.out_stride, rows_q, p.heads_q, batches);
+}
+
+// The paged instantiation (a KV cache's pages, kp.paged) reads K and V in boxes of 16 rows of
+// one page each (fwd_traits.hpp, kPageBoxRows): pages of a multiple of 16 keys, the page pool's
+// strides TMA-compatible; q and out as for any varlen call.
+constexpr int kPagedBoxRows = 16;
+inline bool fwd_covers_paged(const ForwardParams& p, const PagedKV& paged) {
+  if (p.fp8_inputs()) return false;  // the FP8 forward has no paged instantiation
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  if (find_fwd_kernel(p) == nullptr) return false;
+  if (paged.page_size <= 0 || paged.page_size % kPagedBoxRows != 0 || paged.num_pages <= 0)
+    return false;
+  if (p.total_rows_q > INT_MAX) return false;
+  const int rows_q = tma_rows_q(p), batches = tma_batches(p);
+  return tma_compatible(p.q, p.q_stride, rows_q, p.heads_q, batches) &&
+         tma_compatible(p.out, p.out_stride, rows_q, p.heads_q, batches) &&
+         tma_compatible(p.k, p.k_stride, paged.page_size, p.heads_kv, paged.num_pages) &&
+         tma_compatible(p.v, p.v_stride, paged.page_size, p.heads_kv, paged.num_pages);
 }
 
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
@@ -106,13 +137,13 @@ inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
 }
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
-// "..._hdim192x128_..." for D 192, Dv 128).
-inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false) {
+// "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache).
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false) {
   const Sm90FwdTile t = fwd_tile_of(k);
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
-                     (split ? "_splitkv" : ""));
+                     (paged ? "_paged" : "") + (split ? "_splitkv" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -32,7 +32,7 @@ using namespace cute;
 template <class Traits_, bool kSplit = false>
 struct FwdEpilogue {
   using Traits = Traits_;
-  using Element = typename Traits::Element;
+  using Element = typename Traits::ElementOut;  // O's type (bf16 for fp8 inputs)
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns

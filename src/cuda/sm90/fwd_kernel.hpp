@@ -81,6 +81,12 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     if constexpr (Traits::kTmaStoreO)
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    if constexpr (Traits::kPaged) {
+      cute::prefetch_tma_descriptor(params.tma_k_whole.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v_whole.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k_wide.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v_wide.get_tma_descriptor());
+    }
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
     DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);
@@ -136,16 +142,18 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                                   : Scheduler::next(kp, slot, gridDim.x))) {
         const Work w(kp, slot);
         if (!w.has_work()) continue;
-        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.range,
+        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.tile.batch, w.range,
                       w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN), work, state,
                       pipeline_k, pipeline_v, ss);
         ++work;
       }
-      // Every V stage released (every cut load scanned): the scanner may stop.
-      pipeline_v.producer_tail(state);
-      FwdNonFiniteV<Traits>::end_scans(ss);
+      if constexpr (Traits::kScanV) {
+        // Every V stage released (every cut load scanned): the scanner may stop.
+        pipeline_v.producer_tail(state);
+        FwdNonFiniteV<Traits>::end_scans(ss);
+      }
     } else if (warp > 0) {
-      FwdNonFiniteV<Traits>::scanner(ss);
+      if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::scanner(ss);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
@@ -172,13 +180,25 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       // A tile with no visible key stores O = 0 and lse = -inf (the empty softmax's result).
       if (w.has_work()) {
         const BlockRange unmasked = w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN);
-        mainloop.mma(kp, w.seq, w.mask, w.tile.m_block, w.range, unmasked, work, state,
-                     pipeline_k, pipeline_v, ss, tid, acc_o, softmax);
+        mainloop.mma(kp, w.seq, w.mask, w.tile.m_block, w.tile.head, w.tile.batch, w.range,
+                     unmasked, work, state, pipeline_k, pipeline_v, ss, tid, acc_o, softmax);
         ++work;
       }
       float lse[kRows];
       Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
-      softmax.finalize(o_rc, kp.lse_scale, lse);
+      if constexpr (Traits::kFp8) {
+        // The scores were Q K^T of the codes (lse needs the descaled ones) and O sums codes of
+        // V: the descales of the tile's (sequence, kv head) apply here.
+        const ForwardParams& p = kp.p;
+        const int head_kv = w.tile.head / (p.heads_q / p.heads_kv);
+        const float qk = p.q_descale.at(w.tile.batch, head_kv) * p.k_descale.at(w.tile.batch, head_kv);
+        softmax.finalize(o_rc, kp.softcap_in_scale != 0.f ? kp.lse_scale : kp.lse_scale * qk, lse);
+        const float v_descale = p.v_descale.at(w.tile.batch, head_kv);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= v_descale;
+      } else {
+        softmax.finalize(o_rc, kp.lse_scale, lse);
+      }
       epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
     }
     Mainloop::pingpong_finish(tid);

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -12,7 +13,9 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/split_kv_combine.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_epilogue.hpp"
+#include "cuda/sm90/fwd_fp8_vt_prepass.cuh"
 #include "cuda/sm90/fwd_kernel.hpp"
 #include "cuda/sm90/fwd_mainloop.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
@@ -34,23 +37,69 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   params.kp = kp;
   const auto* q = static_cast<const Element*>(p.q);
   const auto* k = static_cast<const Element*>(p.k);
-  const auto* v = static_cast<const Element*>(p.v);
+  const auto* v = static_cast<const Element*>(p.v);  // fp8: read by the pre-pass instead
+  (void)v;
   params.tma_q = make_tma_copy(
       SM90_TMA_LOAD{}, gmem_view(q, tma_rows_q(p), p.head_dim, p.heads_q, tma_batches(p), p.q_stride),
       typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
-  params.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
-      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
-      _1{});
-  params.tma_v = make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
-      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
-      _1{});
+  if constexpr (Traits::kPaged) {
+    // The page pool as (row in page, dim, head, page): boxes of kPageBoxRows and of
+    // kPageBoxRowsWide rows, and whole key blocks (fwd_mainloop.hpp).
+    const PagedKV& pg = kp.paged;
+    constexpr int kBox = Traits::kPageBoxRows;
+    constexpr int kWide = Traits::kPageBoxRowsWide;
+    const auto k_pool = gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride);
+    const auto v_pool = gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride);
+    params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                 take<0, 2>(typename Traits::template SmemLayoutKBoxes<kBox>{}),
+                                 Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
+    params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                 take<0, 2>(typename Traits::template SmemLayoutVBoxes<kBox>{}),
+                                 Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
+    params.tma_k_wide = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                      take<0, 2>(typename Traits::template SmemLayoutKBoxes<kWide>{}),
+                                      Shape<Int<kWide>, Int<kHeadDim>>{}, _1{});
+    params.tma_v_wide = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                      take<0, 2>(typename Traits::template SmemLayoutVBoxes<kWide>{}),
+                                      Shape<Int<kWide>, Int<kHeadDimV>>{}, _1{});
+    params.tma_k_whole = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
+                                       take<0, 2>(typename Traits::SmemLayoutK{}),
+                                       Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
+    params.tma_v_whole = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
+                                       take<0, 2>(typename Traits::SmemLayoutV{}),
+                                       Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{}, _1{});
+  } else if constexpr (Traits::kFp8) {
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
+    // V^T [Hkv, Dv, W] from the pre-pass, read as (Dv, key, kv head, 1) tiles of Dv x kBlockN.
+    const std::int64_t columns = fp8_vt_row_columns(p);
+    Strides vt_stride;
+    vt_stride.row = columns;
+    vt_stride.head = std::int64_t(p.head_dim_v) * columns;
+    vt_stride.batch = vt_stride.head * p.heads_kv;
+    params.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{},
+        gmem_view(static_cast<const Element*>(static_cast<const void*>(kp.fp8_v_t)),
+                  p.head_dim_v, int(columns), p.heads_kv, 1, vt_stride),
+        take<0, 2>(typename Traits::SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<Traits::kBlockN>>{},
+        _1{});
+  } else {
+    params.tma_k = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
+        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+        _1{});
+    params.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{}, gmem_view(v, tma_rows_k(p), p.head_dim_v, p.heads_kv, tma_batches(p), p.v_stride),
+        take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{},
+        _1{});
+  }
 
   if constexpr (Traits::kTmaStoreO)
     params.tma_o = make_tma_copy(
         SM90_TMA_STORE{},
-        gmem_view(static_cast<Element*>(p.out), tma_rows_q(p), p.head_dim_v, p.heads_q,
+        gmem_view(static_cast<typename Traits::ElementOut*>(p.out), tma_rows_q(p), p.head_dim_v, p.heads_q,
                   tma_batches(p), p.out_stride),
         typename Traits::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{});
 
@@ -69,6 +118,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                 "forward's limit of 2^30");
   const int units = Scheduler::num_units(kp);
   if (units == 0) return;
+  if constexpr (Traits::kFp8) launch_fp8_vt_prepass<kHeadDimV>(p, kp.fp8_v_t, stream);
   int device = 0, sms = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -81,18 +131,34 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
 // split-KV calls (kSplit: the epilogue writes partials for the combine).
+// A paged KV cache (kp.paged) runs the varlen instantiation with paged K/V loads. FP8 runs
+// unsplit and unpaged only (the planner plans neither for it).
 template <class Element, int kHeadDim, int kHeadDimV>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
-  const bool split = kp.num_splits > 1;
-  if (kp.p.is_varlen()) {
-    if (split)
-      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, true>(kp, stream);
-    else
+  if constexpr (std::is_same_v<Element, cutlass::float_e4m3_t>) {
+    if (kp.num_splits > 1 || kp.paged.block_table != nullptr)
+      throw Error("fp8 forward: no split-KV or paged instantiation (planner error)");
+    if (kp.p.is_varlen())
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
-  } else if (split) {
-    launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
+    else
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
   } else {
-    launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
+    const bool split = kp.num_splits > 1;
+    if (kp.paged.block_table != nullptr) {
+      if (split)
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, true>(kp, stream);
+      else
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, false>(kp, stream);
+    } else if (kp.p.is_varlen()) {
+      if (split)
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, true>(kp, stream);
+      else
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
+    } else if (split) {
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
+    } else {
+      launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
+    }
   }
 }
 

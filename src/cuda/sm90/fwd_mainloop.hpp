@@ -20,12 +20,18 @@
 // lets warpgroup 0 start the next tile while warpgroup 1 still runs its epilogue (and the
 // other way round). Warpgroup 1 gives the very first turn (pingpong_start) and warpgroup 0
 // takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
+//
+// FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
+// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), and the
+// q and k descales of the tile's (sequence, kv head) scale the scores.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fp8_pv_order.hpp"
+#include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
@@ -64,84 +70,91 @@ struct FwdMainloop {
   // `work` counts the tiles with work this CTA has loaded before (the Q barriers' phase);
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
-  // has completed. The V of a block outside `unmasked` lands on a v_landed barrier for the
-  // scanner, which then completes the full barrier (fwd_non_finite_v.hpp).
+  // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
+  // The V of a block outside `unmasked` lands on a v_landed barrier for the scanner, which
+  // then completes the full barrier (fwd_non_finite_v.hpp; acquire_v).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
-                       int head, BlockRange range, BlockRange unmasked, int work,
+                       int head, int batch, BlockRange range, BlockRange unmasked, int work,
                        PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 
     // This sequence's rows: (row, dim) views shifted to its first row (0 unless varlen).
     Tensor mQ = domain_offset(
         make_coord(int(seq.row_q), _0{}),
         params.tma_q.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim, p.heads_q,
                                                tma_batches(p)))(_, _, head, int(seq.batch_q)));
-    Tensor mK = domain_offset(
-        make_coord(int(seq.row_k), _0{}),
-        params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
-                                               tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
-    Tensor mV = domain_offset(
-        make_coord(int(seq.row_k), _0{}),
-        params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
-                                               tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
-    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
-
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                      group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                      group_modes<0, 2>(gV));
 
     // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
     using cute::TMA::CacheHintSm90;
-    auto load_k = [&](int n) {
-      pipeline_k.producer_acquire(state);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
-                             CacheHintSm90::EVICT_LAST),
-           tKgK(_, n), tKsK(_, state.index()));
-    };
-    // producer_acquire, with the arrival (and the TMA) on a v_landed barrier instead of the
-    // full barrier for a cut block (this thread is the pipeline's leader, thread 0). The
-    // unmasked band is read back from shared memory: this thread runs at 24 registers, and
-    // kept in two of them it spilled (varlen: 200 B).
-    ss.v_load_band = unmasked;
-    auto load_v = [&](int n) {
-      const int stage = state.index();
-      ss.pipeline_v.empty_barrier_[stage].wait(state.phase());
-      // The barrier as a 32-bit shared-memory address: a 64-bit pointer chosen from two
-      // spilled.
-      std::uint32_t landed;
-      const volatile int* const band = &ss.v_load_band.begin;  // (volatile: reloaded)
-      if (block_is_cut(n, BlockRange{band[0], band[1]})) {
-        landed = FwdNonFiniteV<Traits>::arm_landing(ss, stage);
-      } else {
-        landed = cute::cast_smem_ptr_to_uint(pipeline_v.producer_get_barrier(state));
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            pipeline_v.producer_get_barrier(state), Traits::kVStageBytes);
+    if constexpr (Traits::kScanV) ss.v_load_band = unmasked;
+    auto issue = [&](auto&& load_k, auto&& load_v) {
+      load_k(range.end - 1);
+      if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
+                                                                     Traits::kQBytes);
+      copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      load_v(range.end - 1);
+      for (int n = range.end - 2; n >= range.begin; --n) {
+        load_k(n);
+        load_v(n);
       }
-      copy(params.tma_v.with(*static_cast<std::uint64_t*>(__cvta_shared_to_generic(landed)), 0,
-                             CacheHintSm90::EVICT_LAST),
-           tVgV(_, n), tVsV(_, stage));
-      ++state;
     };
 
-    load_k(range.end - 1);
-    if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full, Traits::kQBytes);
-    copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
-    load_v(range.end - 1);
-    for (int n = range.end - 2; n >= range.begin; --n) {
-      load_k(n);
-      load_v(n);
+    if constexpr (Traits::kPaged) {
+      load_paged(params, seq, head_kv, batch, state, pipeline_k, pipeline_v, ss, issue);
+    } else {
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+      Tensor mK = domain_offset(
+          make_coord(int(seq.row_k), _0{}),
+          params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.heads_kv,
+                                                 tma_batches(p)))(_, _, head_kv, int(seq.batch_k)));
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
+      auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = [&] {
+        if constexpr (Traits::kFp8) {
+          // V^T of this sequence and kv head: (Dv, key) from its start in the workspace.
+          Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
+          const std::int64_t first_row = seq.row_k + seq.batch_k * p.seqlen_k;
+          Tensor mVt = domain_offset(
+              make_coord(_0{}, int(fp8_vt_seq_start(first_row, batch))),
+              params.tma_v.get_tma_tensor(make_shape(p.head_dim_v, int(fp8_vt_row_columns(p)),
+                                                     p.heads_kv, 1))(_, _, head_kv, 0));
+          Tensor gVt = local_tile(mVt, Shape<Int<kHeadDimV>, Int<kBlockN>>{},
+                                  make_coord(_0{}, _));  // (Dv, kBlockN, n)
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt),
+                               group_modes<0, 2>(gVt));
+        } else {
+          Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+          Tensor mV = domain_offset(
+              make_coord(int(seq.row_k), _0{}),
+              params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.heads_kv,
+                                                     tma_batches(p)))(_, _, head_kv,
+                                                                      int(seq.batch_k)));
+          Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
+          return tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                               group_modes<0, 2>(gV));
+        }
+      }();
+      auto load_k = [&](int n) {
+        pipeline_k.producer_acquire(state);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0,
+                               CacheHintSm90::EVICT_LAST),
+             tKgK(_, n), tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n) {
+        copy(params.tma_v.with(acquire_v(n, state, pipeline_v, ss), 0, CacheHintSm90::EVICT_LAST),
+             tVgV(_, n), tVsV(_, state.index()));
+        ++state;
+      };
+      issue(load_k, load_v);
     }
   }
 
@@ -152,7 +165,8 @@ struct FwdMainloop {
   // block n + 1) and meet again at its end.
   template <class AccO, class SoftmaxT>
   __device__ void mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
-                      int m_block, BlockRange range, BlockRange unmasked, int work,
+                      int m_block, int head, int batch, BlockRange range, BlockRange unmasked,
+                      int work,
                       PipelineState& state, Pipeline& pipeline_k, Pipeline& pipeline_v,
                       SharedStorage& ss, int tid, AccO& acc_o, SoftmaxT& softmax) const {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
@@ -173,14 +187,43 @@ struct FwdMainloop {
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
+    // FP8 with Traits::kFp8PvPromote: each key block's P V goes into a fresh accumulator that
+    // is added to O in fp32 once complete. The e4m3 wgmma adds into its accumulator with only
+    // ~13 bits below the largest term, so an O carried across the whole row by the tensor
+    // cores stops taking small increments once it is ~2^8 times larger than them (long rows).
+    auto acc_pv = [&] {
+      if constexpr (Traits::kFp8PvPromote)
+        return partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+      else
+        return 0;
+    }();
+    auto pv = [&](auto& p_operand, const auto& v_operand) {
+      if constexpr (Traits::kFp8PvPromote)
+        wgmma<true>(mma_pv, p_operand, v_operand, acc_pv);
+      else
+        wgmma<false>(mma_pv, p_operand, v_operand, acc_o);
+    };
+    auto fold_pv = [&] {  // after the block's P V has completed
+      if constexpr (Traits::kFp8PvPromote) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) += acc_pv(i);
+      }
+    };
     const int m0 = m_block * kBlockM;
     const bool has_softcap = kp.softcap_in_scale != 0.f;
+    // FP8: the scores are Q K^T of the codes; q_descale * k_descale joins the score scale (the
+    // softcap's input scale when capped). scale_log2 and softcap_in_scale are kp's otherwise.
+    const float qk_descale = Traits::kFp8 ? score_descale(kp.p, head, batch) : 1.f;
+    const float scale_log2 =
+        Traits::kFp8 && !has_softcap ? kp.scale_log2 * qk_descale : kp.scale_log2;
+    const float softcap_in_scale =
+        Traits::kFp8 ? kp.softcap_in_scale * qk_descale : kp.softcap_in_scale;
 
     // Softcap, then the mask on blocks outside the unmasked band (a uniform branch).
     auto score_mod = [&](auto& acc_s, int n) {
       if (has_softcap) {
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * kp.softcap_in_scale);
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in_scale);
       }
       if (n >= unmasked.end || n < unmasked.begin) {
         // The row's visible keys in this block once per row (64-bit), then two int compares
@@ -233,13 +276,14 @@ struct FwdMainloop {
     pipeline_k.consumer_release(k_state);
     ++k_state;
     score_mod(acc_s, n);
-    softmax.step(s_rc, kp.scale_log2, o_scale);
-    Tensor p_regs = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(p_regs.data(), wgmma_acc_as_a_operand(p_regs.layout()));
+    softmax.step(s_rc, scale_log2, o_scale);
+    Tensor p_regs = first_p(acc_s, mma_pv);
+    Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
-    // so they are zeroed before the block's P V (padded calls load zeros there).
-    if constexpr (Traits::kVarlen) {
+    // so they are zeroed before the block's P V (padded calls load zeros there). FP8: the
+    // pre-pass wrote zeros there.
+    if constexpr (Traits::kVarlen && !Traits::kFp8) {
       if ((n + 1) * kBlockN > seq.seqlen_k) {
         pipeline_v.consumer_wait(v_state);
         zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
@@ -252,29 +296,36 @@ struct FwdMainloop {
       turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
-      wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      pv(tOrP, tOrV(_, _, _, v_state.index()));
       turn_end();
       warpgroup_wait<1>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
       score_mod(acc_s, n);
-      softmax.step(s_rc, kp.scale_log2, o_scale);
-      if (block_is_cut(n + 1, unmasked)) {
-        // A NaN rescale makes the whole O row NaN from here on.
-        if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
-                ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            if (rows >> r & 1) o_scale[r] = NAN;
+      softmax.step(s_rc, scale_log2, o_scale);
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(n + 1, unmasked)) {
+          // A NaN rescale makes the whole O row NaN from here on.
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) o_scale[r] = NAN;
+          }
         }
       }
       warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
       pipeline_v.consumer_release(v_state);
       ++v_state;
+      fold_pv();
       Softmax<kRows>::rescale_o(o_rc, o_scale);
-      Tensor p_next = convert_fragment<Element>(acc_s);
-      CUTE_UNROLL
-      for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+      if constexpr (Traits::kFp8) {
+        pack_p_fp8(acc_s, p_regs);
+      } else {
+        Tensor p_next = convert_fragment<Element>(acc_s);
+        CUTE_UNROLL
+        for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+      }
     }
 
     // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q.
@@ -283,26 +334,263 @@ struct FwdMainloop {
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
     turn_begin();
-    wgmma<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+    pv(tOrP, tOrV(_, _, _, v_state.index()));
     turn_end();
     warpgroup_wait<0>();
-    if (block_is_cut(range.begin, unmasked)) {
-      if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
-              ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r)
-          if (rows >> r & 1) {
-            CUTE_UNROLL
-            for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
-          }
+    if constexpr (Traits::kScanV) {
+      if (block_is_cut(range.begin, unmasked)) {
+        if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r)
+            if (rows >> r & 1) {
+              CUTE_UNROLL
+              for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+            }
+        }
       }
     }
     pipeline_v.consumer_release(v_state);
     ++v_state;
+    fold_pv();
     state = v_state;  // == k_state: every block's K and V consumed
   }
 
  private:
+  // P of the first key block in registers, and the A-operand view of those registers: the
+  // 16-bit P converted in the accumulator's layout, viewed as k16 slices; FP8: the e4m3 A
+  // fragment itself (pack_p_fp8).
+  template <class AccS, class TiledMmaPV>
+  __device__ static auto first_p(const AccS& acc_s, const TiledMmaPV& mma_pv) {
+    if constexpr (Traits::kFp8) {
+      Tensor p = make_tensor<Element>(
+          partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      pack_p_fp8(acc_s, p);
+      return p;
+    } else {
+      return convert_fragment<Element>(acc_s);
+    }
+  }
+  template <class Layout>
+  __device__ static auto p_operand_layout(Layout l) {
+    if constexpr (Traits::kFp8)
+      return l;
+    else
+      return wgmma_acc_as_a_operand(l);
+  }
+
+  // FP8: q_descale * k_descale of the tile's (sequence, kv head).
+  __device__ static float score_descale(const ForwardParams& p, int head, int batch) {
+    const int head_kv = head / (p.heads_q / p.heads_kv);
+    return p.q_descale.at(batch, head_kv) * p.k_descale.at(batch, head_kv);
+  }
+
+  // FP8: P (the S accumulator after the softmax step, ((2, 2, kBlockN/8), 1, 1) in the wgmma
+  // f32 layout) into the e4m3 A fragment of P V without leaving the thread: for each 32-key
+  // chunk c, byte b of A register r gets accumulator value 16c + fp8_pv_acc_index(r, b)
+  // (fp8_pv_order.hpp: the keys this puts in each slot, which V^T's order matches).
+  // cvt.rn.satfinite.e4m3x2.f32 rounds to nearest (P is in [0, 1]; nothing saturates).
+  template <class AccS, class TensorP>
+  __device__ static void pack_p_fp8(const AccS& acc_s, TensorP& p) {
+    static_assert(decltype(size(acc_s))::value == kBlockN / 2);
+    static_assert(decltype(size(p))::value == kBlockN / 2);
+    Tensor p32 = recast<std::uint32_t>(p);
+    auto pair = [&](int i) {
+      std::uint16_t packed;
+      // The first source operand goes to the upper byte.
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;"
+          : "=h"(packed)
+          : "f"(float(acc_s(i))), "f"(float(acc_s(i + 1))));
+      return std::uint32_t(packed);
+    };
+    CUTE_UNROLL
+    for (int c = 0; c < kBlockN / 32; ++c) {
+      CUTE_UNROLL
+      for (int reg = 0; reg < 4; ++reg)
+        p32(4 * c + reg) = pair(16 * c + fp8_pv_acc_index(reg, 0)) |
+                           (pair(16 * c + fp8_pv_acc_index(reg, 2)) << 16);
+    }
+  }
+
+  // The paged instantiation's K and V loads: key block n arrives as one box of kBlockN rows
+  // where the page size is a multiple of kBlockN, else as boxes of 64 rows (kPageBoxRowsWide,
+  // page sizes that are multiples of 64) or 16 rows (kPageBoxRows), each from its own page;
+  // the stage's transaction byte count is the contiguous one. A box past the sequence's
+  // keys, or whose block-table entry is outside [0, num_pages), is addressed at page num_pages,
+  // outside the descriptor: TMA fills it with zeros and reads no memory (its bytes still count).
+  // Rows past the sequence inside a used page are masked (K) and zeroed (V) by the consumers.
+  template <class Issue>
+  __device__ void load_paged(const FwdParams<Traits>& params, const SeqlenInfo& seq,
+                             int head_kv, int batch, PipelineState& state,
+                             Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss,
+                             Issue&& issue) const {
+    using cute::TMA::CacheHintSm90;
+    constexpr int kBoxRows = Traits::kPageBoxRows;
+    const ForwardParams& p = params.kp.p;
+    const PagedKV& pg = params.kp.paged;
+    const std::int32_t* table = pg.block_table + batch * pg.block_table_stride;
+    // The block-table entry of key row `key` (< the sequence's keys), or num_pages (outside the
+    // descriptor: TMA loads zeros) where the entry is outside [0, num_pages).
+    auto page_of_key = [&](int key, int& in_page) {
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      in_page = key - index * pg.page_size;
+      const int entry = table[index];
+      return entry < 0 || entry >= pg.num_pages ? pg.num_pages : entry;
+    };
+
+    if (pg.page_size % kBlockN == 0) {
+      // Whole key blocks in one page: one table entry and one box (the contiguous kernel's)
+      // per block. Every block of the range holds a key of the sequence, so its page is used.
+      Tensor mK = params.tma_k_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor mV = params.tma_v_whole.get_tma_tensor(
+          make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+      Tensor gK = flat_divide(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+      Tensor gV = flat_divide(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+      Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+      Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+      // tKgK (TMA, block in page, page); tKsK (TMA, stage); the same for V.
+      auto [tKgK, tKsK] = tma_partition(params.tma_k_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(params.tma_v_whole, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      auto load_k = [&](int n) {
+        pipeline_k.producer_acquire(state);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
+                                     CacheHintSm90::EVICT_LAST),
+             tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n) {
+        auto& full = acquire_v(n, state, pipeline_v, ss);
+        int in_page;
+        const int page = page_of_key(n * kBlockN, in_page);
+        copy(params.tma_v_whole.with(full, 0, CacheHintSm90::EVICT_LAST),
+             tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        ++state;
+      };
+      issue(load_k, load_v);
+      return;
+    }
+
+    // Boxes of 64 rows where the page size allows (4x fewer TMA issues than 16-row boxes).
+    if constexpr (Traits::kPageBoxRowsWide != kBoxRows) {
+      if (pg.page_size % Traits::kPageBoxRowsWide == 0) {
+        load_boxes<Traits::kPageBoxRowsWide>(params, params.tma_k_wide, params.tma_v_wide, seq,
+                                             head_kv, table, state, pipeline_k, pipeline_v, ss,
+                                             issue);
+        return;
+      }
+    }
+    load_boxes<kBoxRows>(params, params.tma_k, params.tma_v, seq, head_kv, table, state,
+                         pipeline_k, pipeline_v, ss, issue);
+  }
+
+  // Key block n as kBlockN / kRows boxes of kRows rows, box j from the page of key
+  // n * kBlockN + j * kRows (the page size is a multiple of kRows), into rows j * kRows... of
+  // the stage, through the descriptors tma_k and tma_v of kRows-row boxes.
+  template <int kRows, class TmaKBoxes, class TmaVBoxes, class Issue>
+  __device__ void load_boxes(const FwdParams<Traits>& params, const TmaKBoxes& tma_k,
+                             const TmaVBoxes& tma_v, const SeqlenInfo& seq, int head_kv,
+                             const std::int32_t* table, PipelineState& state,
+                             Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss,
+                             Issue&& issue) const {
+    using cute::TMA::CacheHintSm90;
+    constexpr int kBoxes = kBlockN / kRows;
+    const ForwardParams& p = params.kp.p;
+    const PagedKV& pg = params.kp.paged;
+    // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
+    Tensor mK = tma_k.get_tma_tensor(
+        make_shape(pg.page_size, p.head_dim, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+    Tensor mV = tma_v.get_tma_tensor(
+        make_shape(pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages))(_, _, head_kv, _);
+    Tensor gK = flat_divide(mK, Shape<Int<kRows>, Int<kHeadDim>>{})(_, _, _, _0{}, _);
+    Tensor gV = flat_divide(mV, Shape<Int<kRows>, Int<kHeadDimV>>{})(_, _, _, _0{}, _);
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()),
+                            typename Traits::template SmemLayoutKBoxes<kRows>{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()),
+                            typename Traits::template SmemLayoutVBoxes<kRows>{});
+    // tKgK (TMA, box in page, page); tKsK (TMA, box in block, stage); the same for V.
+    auto [tKgK, tKsK] = tma_partition(tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+
+    // The block-table entries of block n's boxes (num_pages for a box past the sequence's keys
+    // or an entry outside [0, num_pages)), looked up by load_k and used again by load_v: the
+    // producer issues V_n right after K_n. The loads go out back to back, before any of the
+    // block's TMA copies (whose asm clobbers memory, so the compiler would not hoist a load
+    // above one): one table latency per block instead of one per box.
+    // Kept in shared memory (the producer thread's alone) rather than in its 24 registers.
+    int* entries = ss.page_entries.entry;
+    auto look_up = [&](int n) {
+      int e[kBoxes];
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j) {
+        const int key = n * kBlockN + j * kRows;
+        const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+        e[j] = key < seq.seqlen_k ? table[index] : -1;
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j)
+        entries[j] = e[j] < 0 || e[j] >= pg.num_pages ? pg.num_pages : e[j];
+    };
+    // Box (within its page) of box j of block n.
+    auto box_in_page = [&](int n, int j) {
+      const int key = n * kBlockN + j * kRows;
+      const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
+      return (key - index * pg.page_size) / kRows;
+    };
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(state);
+      look_up(n);
+      auto& full = *pipeline_k.producer_get_barrier(state);
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box_in_page(n, j), entries[j]),
+             tKsK(_, j, state.index()));
+    };
+    auto load_v = [&](int n) {
+      auto& full = acquire_v(n, state, pipeline_v, ss);
+      CUTE_UNROLL
+      for (int j = 0; j < kBoxes; ++j)
+        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box_in_page(n, j), entries[j]),
+             tVsV(_, j, state.index()));
+      ++state;
+    };
+    issue(load_k, load_v);
+  }
+
+  // Producer thread: producer_acquire of V stage `state` for key block n, returning the
+  // barrier its TMA copies complete: the stage's full barrier, or for a block outside the
+  // tile's unmasked band (kScanV) a v_landed barrier, armed for the stage's bytes, that the
+  // scanner waits on before it completes the full barrier (fwd_non_finite_v.hpp). The band is
+  // read back from shared memory: this thread runs at 24 registers, and kept in two of them
+  // it spilled (varlen: 200 B).
+  __device__ static std::uint64_t& acquire_v(int n, const PipelineState& state,
+                                             Pipeline& pipeline_v, SharedStorage& ss) {
+    if constexpr (!Traits::kScanV) {
+      pipeline_v.producer_acquire(state);
+      return *pipeline_v.producer_get_barrier(state);
+    } else {
+      const int stage = state.index();
+      ss.pipeline_v.empty_barrier_[stage].wait(state.phase());
+      // The barrier as a 32-bit shared-memory address: a 64-bit pointer chosen from two
+      // spilled.
+      std::uint32_t landed;
+      const volatile int* const band = &ss.v_load_band.begin;  // (volatile: reloaded)
+      if (block_is_cut(n, BlockRange{band[0], band[1]})) {
+        landed = FwdNonFiniteV<Traits>::arm_landing(ss, stage);
+      } else {
+        landed = cute::cast_smem_ptr_to_uint(pipeline_v.producer_get_barrier(state));
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+            pipeline_v.producer_get_barrier(state), Traits::kVStageBytes);
+      }
+      return *static_cast<std::uint64_t*>(__cvta_shared_to_generic(landed));
+    }
+  }
+
   // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
   // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
   // its own threads' writes done before its product reads them.

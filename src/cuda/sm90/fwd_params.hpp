@@ -15,6 +15,12 @@ struct FwdParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   typename Traits::TmaO tma_o;
+  // Paged instantiation only (empty otherwise): whole key blocks of a page, and boxes of
+  // kPageBoxRowsWide rows (tma_k/tma_v: boxes of kPageBoxRows).
+  typename Traits::TmaKWholeBlock tma_k_whole;
+  typename Traits::TmaVWholeBlock tma_v_whole;
+  typename Traits::TmaKWideBox tma_k_wide;
+  typename Traits::TmaVWideBox tma_v_wide;
 };
 
 }  // namespace flashcpp::detail::cuda::sm90

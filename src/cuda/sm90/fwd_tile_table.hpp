@@ -47,6 +47,43 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim, int head_dim_v) {
 }
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_dim, head_dim); }
 
+// The FP8 (e4m3 q, k, v) forward: D == Dv only. kBlockN a multiple of 32 (the e4m3 wgmma's
+// k; V^T tiles are kBlockN keys wide, K-major, with the widest swizzle that divides them).
+// d256 at 128 x 96: shared memory would take 128 keys (Q 32 KB + 2 x (K 32 + V^T 32) KB), but
+// the registers do not (S 64 + P 16 + O 128 per consumer thread spilled ~28 bytes); 96 keys
+// (S 48 + P 12 + O 128) do not spill. O is stored from registers at d256 (fwd_traits.hpp).
+//
+// The key block and stage count of each FP8 row can be set at configure time, so that tile
+// variants build side by side without editing this file: cmake -DFLASHCPP_SM90_FP8_TILE_D128=224x2
+// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224 and ..._STAGES 2 for every
+// TU; the kernel name carries the tile, so RunInfo::kernel says which variant ran.
+#ifndef FLASHCPP_SM90_FP8_D64_BLOCK_N
+#define FLASHCPP_SM90_FP8_D64_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FP8_D64_STAGES
+#define FLASHCPP_SM90_FP8_D64_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_D128_BLOCK_N
+#define FLASHCPP_SM90_FP8_D128_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FP8_D128_STAGES
+#define FLASHCPP_SM90_FP8_D128_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_D256_BLOCK_N
+#define FLASHCPP_SM90_FP8_D256_BLOCK_N 96
+#endif
+#ifndef FLASHCPP_SM90_FP8_D256_STAGES
+#define FLASHCPP_SM90_FP8_D256_STAGES 2
+#endif
+inline constexpr Sm90FwdTile kSm90FwdTilesFp8[] = {
+    {64, 64, 128, FLASHCPP_SM90_FP8_D64_BLOCK_N, FLASHCPP_SM90_FP8_D64_STAGES},
+    {128, 128, 128, FLASHCPP_SM90_FP8_D128_BLOCK_N, FLASHCPP_SM90_FP8_D128_STAGES},
+    {256, 256, 128, FLASHCPP_SM90_FP8_D256_BLOCK_N, FLASHCPP_SM90_FP8_D256_STAGES},
+};
+constexpr Sm90FwdTile sm90_fwd_tile_fp8(int head_dim, int head_dim_v) {
+  return tile_for_head_dims(kSm90FwdTilesFp8, head_dim, head_dim_v);
+}
+
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
   return (t.block_m * t.head_dim + t.stages * t.block_n * (t.head_dim + t.head_dim_v)) *
@@ -55,5 +92,8 @@ constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
 
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(128, 128), 1) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(256, 256), 1) <= 227 * 1024);
 
 }  // namespace flashcpp::detail::cuda

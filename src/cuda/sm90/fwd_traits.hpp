@@ -25,11 +25,33 @@ using namespace cute;
 // kVarlen_: the instantiation for varlen calls (per-sequence rows and tiles, the dynamic tile
 // deal, V tails zeroed, TMA stores only inside a sequence). Padded calls run the other one,
 // which carries none of that code: in one kernel it cost 3-17% at d64 and d128.
-template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false>
+// Element_ cutlass::float_e4m3_t: the FP8 forward (q, k, v e4m3, out bf16). Its differences:
+// every wgmma operand K-major, so V is read as V^T [Dv, keys] that the pre-pass wrote into the
+// workspace (fwd_fp8_vt_prepass.cuh) with its own TMA descriptor; P is packed into the e4m3
+// A fragment in the accumulator's key order (fp8_pv_order.hpp); its own tile table rows; the
+// 16-bit types (ElementOut) for O. For fp16 and bf16 every type below is what it was before.
+// kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
+// arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
+// the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
+          bool kPaged_ = false>
 struct FwdTraits {
   using Element = Element_;
+  static constexpr bool kFp8 = std::is_same_v<Element, cutlass::float_e4m3_t>;
+  using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr bool kVarlen = kVarlen_;
-  static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim_, kHeadDimV_);
+  static constexpr bool kPaged = kPaged_;
+  static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
+  static_assert(!(kFp8 && kPaged), "the FP8 forward has no paged instantiation");
+  // FP8: sum each key block's P V in a fresh accumulator and add it to O in fp32 (long rows,
+  // fwd_mainloop.hpp), up to the head dim FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM (default
+  // 128: at d256 the second Dv-wide accumulator does not fit the consumers' registers).
+#ifndef FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM
+#define FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM 128
+#endif
+  static constexpr bool kFp8PvPromote = kFp8 && kHeadDimV_ <= FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM;
+  static constexpr Sm90FwdTile kTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
+                                            : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
                 "head dims must be an sm90 tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
@@ -43,7 +65,7 @@ struct FwdTraits {
   static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
                 "rows of 64 elements (128 B) for the 128-byte swizzle");
-  static_assert(kBlockN % 16 == 0, "kBlockN is the k extent of O += P V");
+  static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the k extent of O += P V");
 
   // Consumer warpgroups take turns issuing their GEMMs (fwd_mainloop.hpp) where the softmax is
   // as long as the products; at d256 the products dominate and FA3 finds no gain either.
@@ -67,22 +89,37 @@ struct FwdTraits {
   // accumulator), V from shared memory read "MN-major" (V is stored key-major, D contiguous).
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
+  // FP8: V^T from the workspace is K-major too (e4m3 wgmma has no MN-major operand).
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+                           kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayout{}));
 
   // K-major 128-byte swizzle: atoms of 8 rows x 64 elements; TMA writes exactly this pattern.
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // FP8 rows of 64 bytes (d64) take the 64-byte swizzle.
+  using SmemAtom = std::conditional_t<
+      kFp8 && kHeadDim % 128 != 0, GMMA::Layout_K_SW64_Atom<Element>,
+      GMMA::Layout_K_SW128_Atom<Element>>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK =
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV =
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
-  // V viewed as (Dv, kBlockN, stage): the B operand of O += P V (no data movement).
-  using SmemLayoutVt = decltype(composition(
+  // V viewed as (Dv, kBlockN, stage): the B operand of O += P V (no data movement). FP8: V^T
+  // stored (Dv, kBlockN) K-major (kBlockN a multiple of 128 bytes), loaded so by TMA.
+  using SmemLayoutVtOf16Bit = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
                                          Step<_2, _1, _3>{})));
+  // (For fp16/bf16 a placeholder shape keeps the unused type well-formed.)
+  static constexpr int kVtKeys = kFp8 ? kBlockN : 128;
+  // The widest swizzle whose row (128, 64 or 32 bytes) divides kBlockN keys.
+  using SmemAtomVt = std::conditional_t<
+      kVtKeys % 128 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<kVtKeys % 64 == 0, GMMA::Layout_K_SW64_Atom<Element>,
+                         GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemLayoutVtFp8 = decltype(tile_to_shape(
+      SmemAtomVt{}, Shape<Int<kHeadDimV>, Int<kVtKeys>, Int<kStages>>{}));
+  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVtFp8, SmemLayoutVtOf16Bit>;
 
   // Global tensors as TMA sees them: (row, dim, head, batch) with the real extents, so rows
   // past the sequence and columns past the real head dim come back as zeros.
@@ -92,22 +129,64 @@ struct FwdTraits {
                                           GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                      take<0, 2>(SmemLayoutK{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                      take<0, 2>(SmemLayoutV{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+  using TmaKBlock = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutK{}),
+                                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // FP8: the (Dv, key, kv head, 1) view of the workspace's V^T, tiles of Dv x kBlockN.
+  using TmaVBlock = std::conditional_t<
+      kFp8,
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutVtFp8{}),
+                             Shape<Int<kHeadDimV>, Int<kVtKeys>>{}, _1{})),
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
+                             Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}))>;
+
+  // Paged: a K (V) stage as kBlockN / kRows boxes of kRows rows, (row, dim, box, stage), over
+  // the same swizzled bytes. A box starts at a multiple of 16 rows, so at a multiple of the
+  // 8-row (1024-byte) swizzle period: each box is swizzled as a box of its own would be, which
+  // is what TMA writes. The descriptors view the page pool as (row in page, dim, head, page),
+  // so any page stride works; a page holds whole boxes. Boxes of 16 rows (kPageBoxRows) take
+  // any page size that is a multiple of 16; boxes of kPageBoxRowsWide rows (64 where kBlockN
+  // is a multiple of 64, else 16 again) the multiples of 64.
+  static constexpr int kPageBoxRows = 16;
+  static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
+  static_assert(kBlockN % kPageBoxRows == 0, "whole boxes per key block");
+  template <class StageLayout, int kDim, int kRows>
+  using BoxesOf = decltype(composition(
+      StageLayout{}, make_layout(Shape<Int<kRows>, Int<kDim>, Int<kBlockN / kRows>, Int<kStages>>{},
+                                 make_stride(_1{}, Int<kBlockN>{}, Int<kRows>{},
+                                             Int<kBlockN * kDim>{}))));
+  template <int kRows>
+  using SmemLayoutKBoxes = BoxesOf<SmemLayoutK, kHeadDim, kRows>;
+  template <int kRows>
+  using SmemLayoutVBoxes = BoxesOf<SmemLayoutV, kHeadDimV, kRows>;
+  template <int kRows>
+  using TmaKBoxes = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutKBoxes<kRows>{}),
+                                           Shape<Int<kRows>, Int<kHeadDim>>{}, _1{}));
+  template <int kRows>
+  using TmaVBoxes = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                           take<0, 2>(SmemLayoutVBoxes<kRows>{}),
+                                           Shape<Int<kRows>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = std::conditional_t<kPaged, TmaKBoxes<kPageBoxRows>, TmaKBlock>;
+  using TmaV = std::conditional_t<kPaged, TmaVBoxes<kPageBoxRows>, TmaVBlock>;
+  // Paged, page sizes that are a multiple of kBlockN: a key block lies inside one page and
+  // loads as one box of kBlockN rows (the contiguous box), from the same pool view.
+  struct NoTma {};
+  using TmaKWholeBlock = std::conditional_t<kPaged, TmaKBlock, NoTma>;
+  using TmaVWholeBlock = std::conditional_t<kPaged, TmaVBlock, NoTma>;
+  using TmaKWideBox = std::conditional_t<kPaged, TmaKBoxes<kPageBoxRowsWide>, NoTma>;
+  using TmaVWideBox = std::conditional_t<kPaged, TmaVBoxes<kPageBoxRowsWide>, NoTma>;
 
   // Epilogue: each consumer warpgroup writes its 64 x Dv half of O into shared memory and one
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
   // dim are clipped by the descriptor's extents). O needs its own buffer: Q is reloaded for
   // the next tile and the K/V ring keeps streaming while the epilogue runs. At d256 (224 KB)
   // and 192 x 128 (208 KB) the ring leaves no room, so O is stored from registers there.
-  using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDimV>>{}));
+  using SmemAtomO = GMMA::Layout_K_SW128_Atom<ElementOut>;
+  using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtomO{}, Shape<_64, Int<kHeadDimV>>{}));
   using SmemLayoutO = decltype(tile_to_shape(
-      SmemAtom{}, Shape<_64, Int<kHeadDimV>, Int<kConsumerWarpgroups>>{}));
-  using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+      SmemAtomO{}, Shape<_64, Int<kHeadDimV>, Int<kConsumerWarpgroups>>{}));
+  using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)),
                                            GmemShape{}, GmemStride{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOHalf{},
                                       Shape<_64, Int<kHeadDimV>>{}, _1{}));
@@ -118,7 +197,9 @@ struct FwdTraits {
   static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
   // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
-  // producer warpgroup, one bit per key row of a stage.
+  // producer warpgroup, one bit per key row of a stage. Not for FP8, whose V stage holds V^T
+  // from the pre-pass (a scan of key rows would read columns).
+  static constexpr bool kScanV = !kFp8;
   static constexpr int kScanThreads = 96;
   static constexpr int kVKeyWords = (kBlockN + 31) / 32;
 
@@ -126,13 +207,21 @@ struct FwdTraits {
   using PipelineState = typename Pipeline::PipelineState;
 
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(Element));
+  static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(ElementOut));
+  // FP8 d256 has the room but stores from registers as bf16 d256 does: the TMA path's
+  // addresses next to 128 O registers per thread spill.
   static constexpr bool kTmaStoreO =
-      sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit;
+      sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
+      !(kFp8 && kHeadDimV > 128);
+
+  struct NoPageEntries {};
+  struct PageEntries {
+    int entry[kBlockN / kPageBoxRows];
+  };
 
   struct NoSmemO {};
   struct SmemO {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>> o;
+    alignas(1024) cute::array_aligned<ElementOut, cosize_v<SmemLayoutO>> o;
   };
 
   struct SharedStorage {
@@ -157,6 +246,8 @@ struct FwdTraits {
     int v_cut_loads;
     BlockRange v_load_band;  // the producer thread's current tile's unmasked key blocks
     std::uint32_t v_bad_keys[kStages][kVKeyWords];
+    // Paged: the block-table entries of the key block the producer is loading (K, then V).
+    std::conditional_t<kPaged, PageEntries, NoPageEntries> page_entries;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");

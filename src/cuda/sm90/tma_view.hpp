@@ -23,7 +23,9 @@ template <class Element>
 auto gmem_view(Element* ptr, int rows, int dim, int heads, int batch, const Strides& s) {
   using namespace cute;
   rows = rows > 0 ? rows : 1;
-  const std::int64_t row = tma_stride(s.row, rows, (std::int64_t(dim) + 7) / 8 * 8);
+  constexpr std::int64_t kPer16Bytes = 16 / sizeof(Element);  // TMA strides: 16-byte multiples
+  const std::int64_t row =
+      tma_stride(s.row, rows, (std::int64_t(dim) + kPer16Bytes - 1) / kPer16Bytes * kPer16Bytes);
   const std::int64_t head = tma_stride(s.head, heads, row * rows);
   const std::int64_t bat = tma_stride(s.batch, batch, head * heads);
   return make_tensor(make_gmem_ptr(ptr), make_shape(rows, dim, heads, batch),
