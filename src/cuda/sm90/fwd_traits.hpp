@@ -206,11 +206,6 @@ struct FwdTraits {
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
       !(kFp8 && kHeadDimV > 128);
 
-  struct NoPageEntries {};
-  struct PageEntries {
-    int entry[kBlockN / kPageBoxRows];
-  };
-
   struct NoSmemO {};
   struct SmemO {
     alignas(1024) cute::array_aligned<ElementOut, cosize_v<SmemLayoutO>> o;
@@ -230,8 +225,6 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
-    // Paged: the block-table entries of the key block the producer is loading (K, then V).
-    std::conditional_t<kPaged, PageEntries, NoPageEntries> page_entries;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
