@@ -114,12 +114,15 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   // the counter and hands to the consumers through the tile queue.
   using Work = TileWork<Scheduler, kBlockM, kBlockN>;
   const int num_slots = Scheduler::num_slots(kp);
-  const bool dynamic = Traits::kVarlen && kp.tile_counter != nullptr;
+  // (The paged instantiation runs for KV-cache calls, planned without a tile counter: static.)
+  const bool dynamic = Traits::kVarlen && !Traits::kPaged && kp.tile_counter != nullptr;
 
   Mainloop mainloop;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp == 0 && elected) {
+    // One elected thread issues the loads; the paged instantiation's whole warp 0, whose lanes
+    // look up and issue the boxes of a key block side by side (fwd_mainloop.hpp).
+    if (warp == 0 && (Traits::kPaged || elected)) {
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
       int work = 0;
       // The dynamic walk: from a candidate slot, skip the holes and hand the slot (or the end)
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       if constexpr (Traits::kScanV) {
         // Every V stage released (every cut load scanned): the scanner may stop.
         pipeline_v.producer_tail(state);
-        FwdNonFiniteV<Traits>::end_scans(ss);
+        if (threadIdx.x == 0) FwdNonFiniteV<Traits>::end_scans(ss);
       }
     } else if (warp > 0) {
       if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::scanner(ss);

@@ -71,8 +71,6 @@ struct FwdMainloop {
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
   // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
-  // The V of a block outside `unmasked` lands on a v_landed barrier for the scanner, which
-  // then completes the full barrier (fwd_non_finite_v.hpp; acquire_v).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
                        int head, int batch, BlockRange range, BlockRange unmasked, int work,
                        PipelineState& state,
@@ -91,14 +89,18 @@ struct FwdMainloop {
                                       group_modes<0, 2>(gQ));
 
     // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
+    // The paged instantiation runs this on the 32 lanes of warp 0: thread 0 leads (Q, and the
+    // pipelines' arrivals: their is_leader).
     using cute::TMA::CacheHintSm90;
-    if constexpr (Traits::kScanV) ss.v_load_band = unmasked;
+    const bool leader = !Traits::kPaged || threadIdx.x == 0;
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
-                                                                     Traits::kQBytes);
-      copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      if (leader) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
+                                                                       Traits::kQBytes);
+        copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      }
       load_v(range.end - 1);
       for (int n = range.end - 2; n >= range.begin; --n) {
         load_k(n);
@@ -150,7 +152,9 @@ struct FwdMainloop {
              tKgK(_, n), tKsK(_, state.index()));
       };
       auto load_v = [&](int n) {
-        copy(params.tma_v.with(acquire_v(n, state, pipeline_v, ss), 0, CacheHintSm90::EVICT_LAST),
+        pipeline_v.producer_acquire(state);
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0,
+                               CacheHintSm90::EVICT_LAST),
              tVgV(_, n), tVsV(_, state.index()));
         ++state;
       };
@@ -454,20 +458,26 @@ struct FwdMainloop {
                                         group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(params.tma_v_whole, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      const bool leader = threadIdx.x == 0;
       auto load_k = [&](int n) {
         pipeline_k.producer_acquire(state);
-        int in_page;
-        const int page = page_of_key(n * kBlockN, in_page);
-        copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
-                                     CacheHintSm90::EVICT_LAST),
-             tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+        if (leader) {
+          int in_page;
+          const int page = page_of_key(n * kBlockN, in_page);
+          copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
+                                       CacheHintSm90::EVICT_LAST),
+               tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+        }
       };
       auto load_v = [&](int n) {
-        auto& full = acquire_v(n, state, pipeline_v, ss);
-        int in_page;
-        const int page = page_of_key(n * kBlockN, in_page);
-        copy(params.tma_v_whole.with(full, 0, CacheHintSm90::EVICT_LAST),
-             tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        pipeline_v.producer_acquire(state);
+        if (leader) {
+          int in_page;
+          const int page = page_of_key(n * kBlockN, in_page);
+          copy(params.tma_v_whole.with(*pipeline_v.producer_get_barrier(state), 0,
+                                       CacheHintSm90::EVICT_LAST),
+               tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        }
         ++state;
       };
       issue(load_k, load_v);
@@ -517,78 +527,39 @@ struct FwdMainloop {
     auto [tVgV, tVsV] = tma_partition(tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    // The block-table entries of block n's boxes (num_pages for a box past the sequence's keys
-    // or an entry outside [0, num_pages)), looked up by load_k and used again by load_v: the
-    // producer issues V_n right after K_n. The loads go out back to back, before any of the
-    // block's TMA copies (whose asm clobbers memory, so the compiler would not hoist a load
-    // above one): one table latency per block instead of one per box.
-    // Kept in shared memory (the producer thread's alone) rather than in its 24 registers.
-    int* entries = ss.page_entries.entry;
+    // Lane j < kBoxes of warp 0 looks up the page of box j and issues it: the table reads and
+    // the box copies of a block go out side by side, not one after the other from one thread
+    // (whose copies, asm that clobbers memory, also kept each table read behind the previous
+    // box). A lane's entry (num_pages for a box past the sequence's keys or an entry outside
+    // [0, num_pages)) serves its V box too: the producer issues V_n right after K_n. The
+    // leader's arrival (producer_acquire) precedes the lanes' copies (__syncwarp).
+    const int lane = threadIdx.x % 32;
+    int entry = pg.num_pages, box = 0;
     auto look_up = [&](int n) {
-      int e[kBoxes];
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        const int key = n * kBlockN + j * kRows;
-        const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-        e[j] = key < seq.seqlen_k ? table[index] : -1;
-      }
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        entries[j] = e[j] < 0 || e[j] >= pg.num_pages ? pg.num_pages : e[j];
-    };
-    // Box (within its page) of box j of block n.
-    auto box_in_page = [&](int n, int j) {
-      const int key = n * kBlockN + j * kRows;
+      const int key = n * kBlockN + lane * kRows;
       const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-      return (key - index * pg.page_size) / kRows;
+      box = (key - index * pg.page_size) / kRows;
+      const int e = key < seq.seqlen_k ? table[index] : -1;
+      entry = e < 0 || e >= pg.num_pages ? pg.num_pages : e;
     };
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state);
-      look_up(n);
-      auto& full = *pipeline_k.producer_get_barrier(state);
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box_in_page(n, j), entries[j]),
-             tKsK(_, j, state.index()));
+      __syncwarp();
+      if (lane < kBoxes) {
+        look_up(n);
+        copy(tma_k.with(*pipeline_k.producer_get_barrier(state), 0, CacheHintSm90::EVICT_LAST),
+             tKgK(_, box, entry), tKsK(_, lane, state.index()));
+      }
     };
     auto load_v = [&](int n) {
-      auto& full = acquire_v(n, state, pipeline_v, ss);
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box_in_page(n, j), entries[j]),
-             tVsV(_, j, state.index()));
+      pipeline_v.producer_acquire(state);
+      __syncwarp();
+      if (lane < kBoxes)
+        copy(tma_v.with(*pipeline_v.producer_get_barrier(state), 0, CacheHintSm90::EVICT_LAST),
+             tVgV(_, box, entry), tVsV(_, lane, state.index()));
       ++state;
     };
     issue(load_k, load_v);
-  }
-
-  // Producer thread: producer_acquire of V stage `state` for key block n, returning the
-  // barrier its TMA copies complete: the stage's full barrier, or for a block outside the
-  // tile's unmasked band (kScanV) a v_landed barrier, armed for the stage's bytes, that the
-  // scanner waits on before it completes the full barrier (fwd_non_finite_v.hpp). The band is
-  // read back from shared memory: this thread runs at 24 registers, and kept in two of them
-  // it spilled (varlen: 200 B).
-  __device__ static std::uint64_t& acquire_v(int n, const PipelineState& state,
-                                             Pipeline& pipeline_v, SharedStorage& ss) {
-    if constexpr (!Traits::kScanV) {
-      pipeline_v.producer_acquire(state);
-      return *pipeline_v.producer_get_barrier(state);
-    } else {
-      const int stage = state.index();
-      ss.pipeline_v.empty_barrier_[stage].wait(state.phase());
-      // The barrier as a 32-bit shared-memory address: a 64-bit pointer chosen from two
-      // spilled.
-      std::uint32_t landed;
-      const volatile int* const band = &ss.v_load_band.begin;  // (volatile: reloaded)
-      if (block_is_cut(n, BlockRange{band[0], band[1]})) {
-        landed = FwdNonFiniteV<Traits>::arm_landing(ss, stage);
-      } else {
-        landed = cute::cast_smem_ptr_to_uint(pipeline_v.producer_get_barrier(state));
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            pipeline_v.producer_get_barrier(state), Traits::kVStageBytes);
-      }
-      return *static_cast<std::uint64_t*>(__cvta_shared_to_generic(landed));
-    }
   }
 
   // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this

@@ -214,11 +214,6 @@ struct FwdTraits {
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
       !(kFp8 && kHeadDimV > 128);
 
-  struct NoPageEntries {};
-  struct PageEntries {
-    int entry[kBlockN / kPageBoxRows];
-  };
-
   struct NoSmemO {};
   struct SmemO {
     alignas(1024) cute::array_aligned<ElementOut, cosize_v<SmemLayoutO>> o;
@@ -246,8 +241,6 @@ struct FwdTraits {
     int v_cut_loads;
     BlockRange v_load_band;  // the producer thread's current tile's unmasked key blocks
     std::uint32_t v_bad_keys[kStages][kVKeyWords];
-    // Paged: the block-table entries of the key block the producer is loading (K, then V).
-    std::conditional_t<kPaged, PageEntries, NoPageEntries> page_entries;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
