@@ -218,8 +218,8 @@ TEST_P(CudaHiddenKeys, NanKeysForward) {
 // key of a block the mask cuts through by P = 0 in O += P V (and, backward, a NaN K by dS = 0
 // in dQ = dS K, and a NaN dP by P = 0 in dS = P (dP - dsum)), so rows >= 14 of that block came
 // out NaN. The forward kernels now zero such V chunks (sm90a: a scan by the producer
-// warpgroup; sm80: a vote at the block's barrier; both fwd_non_finite_v.hpp) and make the rows
-// that do see them NaN; the backward kernels zero NaN K chunks and non-finite Q and dO chunks
+// warpgroup; sm80: a test and a vote in the masked steps; both fwd_non_finite_v.hpp) and make
+// the rows that do see them NaN; the backward kernels zero NaN K chunks and non-finite Q and dO chunks
 // of the cut blocks and keep dS = 0 at their hidden pairs (bwd_non_finite.hpp).
 
 TEST_P(CudaHiddenKeys, NanValuesForward) {

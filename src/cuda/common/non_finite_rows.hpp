@@ -16,8 +16,10 @@
 
 namespace flashcpp::detail::cuda {
 
+// Bit 15 (16) of a word set where its low (high) 16-bit value of the chunk is not finite, for
+// any of the chunk's four words: OR these over many chunks and test once.
 template <class Element>
-__device__ __forceinline__ bool chunk_non_finite(uint4 c) {
+__device__ __forceinline__ std::uint32_t non_finite_lanes(uint4 c) {
   static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
   constexpr std::uint32_t kAbs = 0x7fff7fffu;
   constexpr bool kHalf =
@@ -25,7 +27,12 @@ __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   constexpr std::uint32_t kBias = kHalf ? 0x04000400u : 0x00800080u;
   const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
                           ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
-  return (t & 0x80008000u) != 0;
+  return t & 0x80008000u;
+}
+
+template <class Element>
+__device__ __forceinline__ bool chunk_non_finite(uint4 c) {
+  return non_finite_lanes<Element>(c) != 0;
 }
 
 // Whether a 16-byte chunk of 16-bit values holds a NaN (Inf does not count): |x| above the

@@ -143,15 +143,16 @@ struct FwdMainloop {
     // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
     // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
     // product (the softmax waits for V_i).
-    // Masked blocks: the barrier after V_i's wait also votes on whether some thread's V_i
-    // chunks are not finite; if so, the rare path zeroes them and records their keys, and the
-    // rows that see one are made NaN after the last block (fwd_non_finite_v.hpp).
+    // Masked blocks: a barrier votes on whether some thread's V_i chunks are not finite (two
+    // buffers: the barrier after V_i's wait; one buffer: a barrier of its own once P is
+    // packed); if so, the rare path zeroes them and flags their keys, and the P rows that see
+    // one are made NaN before O += P V (fwd_non_finite_v.hpp).
     using NonFiniteV = FwdNonFiniteV<Traits>;
-    if (tid == 0) NonFiniteV::clear();  // before the first barrier
-    auto masked_v_barrier = [&](int n, int b) {
+    auto masked_v_barrier = [&](int b) {
       auto tVsV_b = buf(tVsV, b);
-      if (__syncthreads_or(NonFiniteV::any_in_own_chunks(tVsV_b)))
-        NonFiniteV::zero_and_record(tVsV_b, n, tid);
+      const bool flagged = __syncthreads_or(NonFiniteV::any_in_own_chunks(tVsV_b));
+      if (flagged) NonFiniteV::zero_and_flag(tVsV_b, tid);
+      return flagged;
     };
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -161,8 +162,9 @@ struct FwdMainloop {
       clear(acc_s);
       cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
       // ... of every thread; the buffers step i - 1 read are free
+      bool v_flagged = false;  // (masked blocks: V_i held a non-finite value)
       if constexpr (kMasked && kKVStages == 2)
-        masked_v_barrier(n, b);
+        v_flagged = masked_v_barrier(b);
       else
         __syncthreads();
       if constexpr (kKVStages == 2) {
@@ -205,11 +207,7 @@ struct FwdMainloop {
 
       if constexpr (kKVStages == 1) {
         cp_async_wait<0>();  // V_i landed
-        // ... for every thread; K buffer free (S_i done everywhere)
-        if constexpr (kMasked)
-          masked_v_barrier(n, 0);
-        else
-          __syncthreads();
+        __syncthreads();     // ... for every thread; K buffer free (S_i done everywhere)
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), 0);
           cp_async_fence();
@@ -220,6 +218,19 @@ struct FwdMainloop {
       softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
+      if constexpr (kMasked) {
+        // One buffer: the vote is a barrier of its own, here where S is packed into P (at V_i's
+        // barrier, with S and O live, the check's registers raised the spills at d128 from
+        // 40 B to 216 B).
+        if constexpr (kKVStages == 1) v_flagged = masked_v_barrier(0);
+        if (v_flagged) {
+          Tensor tScS =
+              thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+          Tensor p_rc = make_tensor(p_regs.data(), acc_rowcol(p_regs.layout()));
+          NonFiniteV::poison_p_rows(p_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())),
+                                    mask, m0, n * kBlockN);
+        }
+      }
       Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
       auto tOsVt_b = buf(tOsVt, b);
       gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
@@ -229,12 +240,6 @@ struct FwdMainloop {
     for (; i < n_total; ++i) step(i, cute::false_type{});
     // Every thread is done reading Q/K/V before the epilogue reuses shared memory.
     __syncthreads();
-    {
-      Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-      Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-      Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-      NonFiniteV::poison_rows(o_rc, c_rc, mask, m0);
-    }
   }
 };
 

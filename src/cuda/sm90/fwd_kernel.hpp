@@ -10,7 +10,7 @@
 // only assigns warpgroup roles and walks the scheduler's tiles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA,
 //                    warps 1-3 check the V of the key blocks the mask cuts
-//                    (fwd_non_finite_v.hpp);
+//                    (fwd_non_finite_v.hpp; not FP8);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
     DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);
-    for (int s = 0; s < Traits::kStages; ++s)
-      cutlass::arch::ClusterTransactionBarrier::init(&ss.v_landed[s], 1);
-    ss.v_cut_loads = 0;
+    if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::init(ss);
     cutlass::arch::fence_barrier_init();
   }
   typename Pipeline::Params pp;
@@ -105,6 +103,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   pp.transaction_bytes = Traits::kKStageBytes;
   Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
   pp.transaction_bytes = Traits::kVStageBytes;
+  // The V scan's warp 1 releases each V stage too (fwd_non_finite_v.hpp).
+  if constexpr (Traits::kScanV) pp.num_consumers = Traits::kConsumerThreads + 1;
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       if constexpr (Traits::kScanV) {
         // Every V stage released (every cut load scanned): the scanner may stop.
         pipeline_v.producer_tail(state);
-        if (threadIdx.x == 0) FwdNonFiniteV<Traits>::end_scans(ss);
+        if (threadIdx.x == 0) FwdNonFiniteV<Traits>::end_scans(ss, work, state);
       }
     } else if (warp > 0) {
       if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::scanner(ss);

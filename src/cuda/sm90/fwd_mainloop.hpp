@@ -71,6 +71,8 @@ struct FwdMainloop {
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
   // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
+  // The V of a block outside `unmasked` is scanned for NaN/Inf before the consumers use it
+  // (fwd_non_finite_v.hpp).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
                        int head, int batch, BlockRange range, BlockRange unmasked, int work,
                        PipelineState& state,
@@ -93,6 +95,8 @@ struct FwdMainloop {
     // pipelines' arrivals: their is_leader).
     using cute::TMA::CacheHintSm90;
     const bool leader = !Traits::kPaged || threadIdx.x == 0;
+    if constexpr (Traits::kScanV)
+      if (leader) FwdNonFiniteV<Traits>::publish_tile(ss, work, range, unmasked);
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
@@ -290,6 +294,8 @@ struct FwdMainloop {
     if constexpr (Traits::kVarlen && !Traits::kFp8) {
       if ((n + 1) * kBlockN > seq.seqlen_k) {
         pipeline_v.consumer_wait(v_state);
+        // (a block with keys past the end is cut: its scan reads these rows)
+        if constexpr (Traits::kScanV) NonFiniteV::wait_scanned(ss, v_state);
         zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
       }
     }
@@ -300,6 +306,8 @@ struct FwdMainloop {
       turn_begin();
       wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
       pipeline_v.consumer_wait(v_state);
+      if constexpr (Traits::kScanV)
+        if (block_is_cut(n + 1, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
       pv(tOrP, tOrV(_, _, _, v_state.index()));
       turn_end();
       warpgroup_wait<1>();  // S_n done; P V still running
@@ -308,7 +316,7 @@ struct FwdMainloop {
       score_mod(acc_s, n);
       softmax.step(s_rc, scale_log2, o_scale);
       if constexpr (Traits::kScanV) {
-        if (block_is_cut(n + 1, unmasked)) {
+        if (block_is_cut(n + 1, unmasked) && ss.v_flagged[v_state.index()]) {
           // A NaN rescale makes the whole O row NaN from here on.
           if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
                   ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
@@ -337,12 +345,14 @@ struct FwdMainloop {
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
+    if constexpr (Traits::kScanV)
+      if (block_is_cut(range.begin, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
     turn_begin();
     pv(tOrP, tOrV(_, _, _, v_state.index()));
     turn_end();
     warpgroup_wait<0>();
     if constexpr (Traits::kScanV) {
-      if (block_is_cut(range.begin, unmasked)) {
+      if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
         if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
                 ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
           CUTE_UNROLL

@@ -197,11 +197,13 @@ struct FwdTraits {
   static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
   // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
-  // producer warpgroup, one bit per key row of a stage. Not for FP8, whose V stage holds V^T
-  // from the pre-pass (a scan of key rows would read columns).
+  // producer warpgroup (one more consumer thread of the V pipeline), one bit per key row of a
+  // stage. Not for FP8, whose V stage holds V^T from the pre-pass (a scan of key rows would
+  // read columns).
   static constexpr bool kScanV = !kFp8;
   static constexpr int kScanThreads = 96;
   static constexpr int kVKeyWords = (kBlockN + 31) / 32;
+  static constexpr int kScanTileSlots = kStages + 1;
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -233,14 +235,18 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
-    // The V scan of the cut blocks (fwd_non_finite_v.hpp): the c-th cut load lands on
-    // v_landed[c % kStages] and goes to V stage v_cut_stage[c % kStages] (-1: no more);
-    // v_cut_loads counts them (the producer thread's); the scanner's key bits per V stage.
-    alignas(8) std::uint64_t v_landed[kStages];
-    int v_cut_stage[kStages];
-    int v_cut_loads;
-    BlockRange v_load_band;  // the producer thread's current tile's unmasked key blocks
+    // The V scan of the cut blocks (fwd_non_finite_v.hpp): the producer's ring of tiles (key
+    // blocks [begin, end), unmasked band); per V stage, the scan done (warp 1 arrives),
+    // whether it found a non-finite value and (valid only then) the key bits; the stage
+    // warps 2-3 scan.
+    struct ScanTile {
+      int begin, end, band_begin, band_end;
+    };
+    ScanTile v_scan_tiles[kScanTileSlots];
+    alignas(8) std::uint64_t v_scanned[kStages];
+    int v_flagged[kStages];
     std::uint32_t v_bad_keys[kStages][kVKeyWords];
+    int v_scan_stage;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");

@@ -2,6 +2,8 @@
 // Named (bar.sync) barriers of the sm90 kernels. Ids 0..7 belong to CUTLASS
 // (cutlass/arch/barrier.h, ReservedNamedBarriers; 0 is __syncthreads), so ours start at 8 of
 // the 16 the hardware has.
+#include <cstdint>
+
 namespace flashcpp::detail::cuda::sm90 {
 
 enum class NamedBarrier : int {
@@ -26,8 +28,8 @@ enum class NamedBarrier : int {
   // stage (fwd_mainloop.hpp).
   kFwdVTail0 = kBwdDsReady,
   kFwdVTail1 = kBwdDsReady1,
-  // Forward: the producer warpgroup's scanner warps have checked a cut block's V stage
-  // (fwd_non_finite_v.hpp).
+  // Forward: the producer warpgroup's scanner warps 1-3 start on a cut block's V stage, OR
+  // their verdicts, and end its rare path (fwd_non_finite_v.hpp).
   kFwdVScan = kBwdDsFree,
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
@@ -47,6 +49,19 @@ __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads)
 
 __forceinline__ __device__ void named_barrier_arrive(NamedBarrier id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+// bar.sync that also ORs `pred` over the participating threads: true for all of them if it
+// was true for any.
+__forceinline__ __device__ bool named_barrier_or(NamedBarrier id, int threads, bool pred) {
+  std::uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"(std::uint32_t(pred)), "r"(static_cast<int>(id)), "r"(threads)
+      : "memory");
+  return any != 0;
 }
 
 }  // namespace flashcpp::detail::cuda::sm90
