@@ -145,9 +145,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                                   : Scheduler::next(kp, slot, gridDim.x))) {
         const Work w(kp, slot);
         if (!w.has_work()) continue;
-        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.tile.batch, w.range,
-                      w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN), work, state,
-                      pipeline_k, pipeline_v, ss);
+        mainloop.load(params, w.seq, w.tile.m_block, w.tile.head, w.tile.batch, w.range, work,
+                      state, pipeline_k, pipeline_v, ss);
         ++work;
       }
       if constexpr (Traits::kScanV) {
@@ -156,7 +155,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
         if (threadIdx.x == 0) FwdNonFiniteV<Traits>::end_scans(ss, work, state);
       }
     } else if (warp > 0) {
-      if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::scanner(ss);
+      if constexpr (Traits::kScanV)
+        FwdNonFiniteV<Traits>::scanner(ss, kp.p.window_left, kp.p.window_right);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -71,11 +71,10 @@ struct FwdMainloop {
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
   // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
-  // The V of a block outside `unmasked` is scanned for NaN/Inf before the consumers use it
+  // The V of a key block the mask cuts is scanned for NaN/Inf before the consumers use it
   // (fwd_non_finite_v.hpp).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
-                       int head, int batch, BlockRange range, BlockRange unmasked, int work,
-                       PipelineState& state,
+                       int head, int batch, BlockRange range, int work, PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
     const ForwardParams& p = params.kp.p;
     const int head_kv = head / (p.heads_q / p.heads_kv);
@@ -96,7 +95,8 @@ struct FwdMainloop {
     using cute::TMA::CacheHintSm90;
     const bool leader = !Traits::kPaged || threadIdx.x == 0;
     if constexpr (Traits::kScanV)
-      if (leader) FwdNonFiniteV<Traits>::publish_tile(ss, work, range, unmasked);
+      if (leader)
+        FwdNonFiniteV<Traits>::publish_tile(ss, work, range, m_block, seq.seqlen_q, seq.seqlen_k);
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);

@@ -4,11 +4,12 @@
 // so a non-finite V at a hidden key would reach rows that do not see it. The work is done off
 // the consumers' path, by warps 1-3 of the producer warpgroup (the "scanner"); the producer
 // thread issues its TMA loads exactly as without the scan:
-//  - the producer thread writes, for each tile, its key block range and unmasked band to a
-//    small ring (v_scan_tiles; an end of -1 after its last tile) before the tile's loads;
+//  - the producer thread writes, for each tile, its key block range, query block and sequence
+//    lengths to a small ring (v_scan_tiles; an end of -1 after its last tile) before the
+//    tile's loads;
 //  - warp 1 follows the V ring as a consumer would: it waits for each stage's full barrier
-//    and works out, from the ring entry of the tile, whether the block is cut (the producer
-//    loads V blocks from range.end - 1 down). A stage that is not cut it passes on at once; a
+//    and works out, from the ring entry of the tile (its mask's unmasked band), whether the
+//    block is cut (the producer loads V blocks from range.end - 1 down). A stage that is not cut it passes on at once; a
 //    cut one it scans with warps 2 and 3 (common path: loads and integer ops only, no stores,
 //    one barrier that ORs the verdict). Only if some value is not finite do they zero those
 //    16-byte chunks in place and write the stage's key bits (bit k: V row k held one). Warp 1
@@ -66,10 +67,11 @@ struct FwdNonFiniteV {
   }
 
   // Producer thread, at the start of tile number `work` (counting the tiles with work), before
-  // its loads: the tile's key blocks and unmasked band, for the scanner.
-  __device__ static void publish_tile(SharedStorage& ss, int work, BlockRange range,
-                                      BlockRange unmasked) {
-    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, unmasked.begin, unmasked.end};
+  // its loads: the tile's key blocks, query block and sequence lengths, for the scanner (which
+  // works out the unmasked band itself: this thread runs at 24 registers).
+  __device__ static void publish_tile(SharedStorage& ss, int work, BlockRange range, int m_block,
+                                      int seqlen_q, int seqlen_k) {
+    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, m_block, seqlen_q, seqlen_k};
   }
 
   // Producer thread, after its last tile (`work` tiles) and pipeline_v.producer_tail (every
@@ -82,7 +84,8 @@ struct FwdNonFiniteV {
   }
 
   // Warps 1..kScanWarps of the CTA. Warp 1 follows the ring; the others wait for a cut stage.
-  __device__ static void scanner(SharedStorage& ss) {
+  // window_left / window_right: the call's (the tiles' masks).
+  __device__ static void scanner(SharedStorage& ss, int window_left, int window_right) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp != 1) {
 #pragma unroll 1
@@ -108,7 +111,8 @@ struct FwdNonFiniteV {
           const int end = e[1];
           n = end - 1;
           left = end - e[0];
-          band = BlockRange{e[2], e[3]};
+          band = WindowMask(e[3], e[4], window_left, window_right)
+                     .unmasked_blocks(e[2], Traits::kBlockM, kBlockN);
           slot = slot + 1 == kTileSlots ? 0 : slot + 1;
           if (end < 0) cut = -1;
         }

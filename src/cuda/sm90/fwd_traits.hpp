@@ -236,11 +236,11 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
     // The V scan of the cut blocks (fwd_non_finite_v.hpp): the producer's ring of tiles (key
-    // blocks [begin, end), unmasked band); per V stage, the scan done (warp 1 arrives),
-    // whether it found a non-finite value and (valid only then) the key bits; the stage
-    // warps 2-3 scan.
+    // blocks [begin, end), query block, sequence lengths); per V stage, the scan done (warp 1
+    // arrives), whether it found a non-finite value and (valid only then) the key bits; the
+    // stage warps 2-3 scan.
     struct ScanTile {
-      int begin, end, band_begin, band_end;
+      int begin, end, m_block, seqlen_q, seqlen_k;
     };
     ScanTile v_scan_tiles[kScanTileSlots];
     alignas(8) std::uint64_t v_scanned[kStages];
