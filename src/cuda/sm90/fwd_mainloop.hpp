@@ -37,7 +37,6 @@
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 #include "cuda/sm90/wgmma.hpp"
-#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -289,16 +288,10 @@ struct FwdMainloop {
     Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
-    // so they are zeroed before the block's P V (padded calls load zeros there). FP8: the
-    // pre-pass wrote zeros there.
-    if constexpr (Traits::kVarlen && !Traits::kFp8) {
-      if ((n + 1) * kBlockN > seq.seqlen_k) {
-        pipeline_v.consumer_wait(v_state);
-        // (a block with keys past the end is cut: its scan reads these rows)
-        if constexpr (Traits::kScanV) NonFiniteV::wait_scanned(ss, v_state);
-        zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
-      }
-    }
+    // so they are zeroed before the block's P V (padded calls load zeros there): by the V
+    // scan, since such a block is cut (fwd_non_finite_v.hpp). FP8: the pre-pass wrote zeros
+    // there.
+    static_assert(Traits::kScanV || Traits::kFp8, "the V scan zeroes the varlen tail rows");
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
@@ -570,15 +563,6 @@ struct FwdMainloop {
       ++state;
     };
     issue(load_k, load_v);
-  }
-
-  // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
-  // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
-  // its own threads' writes done before its product reads them.
-  __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    zero_rows_and_sync(first_row, tid % 128, 128, NamedBarrier::kFwdVTail0 + tid / 128,
-                       sV(_, _, stage));
   }
 };
 

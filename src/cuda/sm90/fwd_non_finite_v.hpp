@@ -32,6 +32,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/non_finite_rows.hpp"
 #include "cuda/sm90/named_barriers.hpp"
+#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -93,12 +94,12 @@ struct FwdNonFiniteV {
         named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
         const int stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
         if (stage < 0) return;
-        scan(ss, stage);
+        scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
       }
     }
     // Lane 0's walk: the V stage and phase, the tile's ring slot, its blocks left and the
     // next one, its unmasked band.
-    int stage = 0, slot = 0, left = 0, n = 0;
+    int stage = 0, slot = 0, left = 0, n = 0, seqlen_k = 0;
     BlockRange band{0, 0};
     std::uint32_t phase = 0;
 #pragma unroll 1
@@ -111,20 +112,27 @@ struct FwdNonFiniteV {
           const int end = e[1];
           n = end - 1;
           left = end - e[0];
-          band = WindowMask(e[3], e[4], window_left, window_right)
+          seqlen_k = e[4];
+          band = WindowMask(e[3], seqlen_k, window_left, window_right)
                      .unmasked_blocks(e[2], Traits::kBlockM, kBlockN);
           slot = slot + 1 == kTileSlots ? 0 : slot + 1;
           if (end < 0) cut = -1;
         }
-        if (cut == 0) cut = block_is_cut(n--, band);
+        if (cut == 0) {
+          cut = block_is_cut(n, band);
+          // (read after the barrier below; >= kBlockN: no key of the block is past the end)
+          ss.v_scan_tail = seqlen_k - n * kBlockN;
+          --n;
+        }
         --left;
       }
       cut = __shfl_sync(0xffffffffu, cut, 0);
       if (cut != 0) {
         if (lane == 0) ss.v_scan_stage = cut < 0 ? -1 : stage;  // read after the barrier
+        __syncwarp();
         named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
         if (cut < 0) return;
-        const bool flagged = scan(ss, stage);
+        const bool flagged = scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
         if (lane == 0) ss.v_flagged[stage] = flagged;
       }
       // (release: the verdict, and the rare path's zeros and bits, ordered before it)
@@ -171,8 +179,21 @@ struct FwdNonFiniteV {
   // flat 16-byte chunks (chunk t + kScanThreads i: consecutive threads read consecutive
   // chunks, so no bank conflicts whatever the swizzle), kBatch loads issued before any test,
   // the packed tests OR-ed together; one barrier ORs the verdict over the threads.
-  __device__ static bool scan(SharedStorage& ss, int stage) {
+  __device__ static bool scan(SharedStorage& ss, int stage, int tail) {
     const int t = threadIdx.x - 32;
+    if constexpr (Traits::kVarlen) {
+      // Rows [tail, kBlockN) are the next sequence's keys (packed) or past the sequence in
+      // its last page (paged): the mask hides them, and they are zeroed here, before the scan
+      // and the products (zero_rows.hpp); padded calls load zeros there.
+      if (tail < kBlockN) {
+        using namespace cute;
+        Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+        zero_rows(sV(_, _, stage), tail, t, kScanThreads);
+        cutlass::arch::fence_view_async_shared();
+        __syncwarp();
+        named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
+      }
+    }
     const std::uint32_t tile =
         cute::cast_smem_ptr_to_uint(ss.v.data()) + stage * Traits::kVStageBytes;
     std::uint32_t lanes = 0;
@@ -190,6 +211,7 @@ struct FwdNonFiniteV {
       CUTE_UNROLL
       for (int j = 0; j < kBatch; ++j) lanes |= non_finite_lanes<Element>(chunk[j]);
     }
+    __syncwarp();
     const bool flagged = named_barrier_or(NamedBarrier::kFwdVScan, kScanThreads, lanes != 0);
     if (flagged) zero_and_flag_rows(ss, stage);  // (the same branch in every thread)
     return flagged;
@@ -223,6 +245,7 @@ struct FwdNonFiniteV {
       if (lane == 0) ss.v_bad_keys[stage][w] = bits;
     }
     cutlass::arch::fence_view_async_shared();
+    __syncwarp();
     named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
   }
 };

@@ -238,7 +238,7 @@ struct FwdTraits {
     // The V scan of the cut blocks (fwd_non_finite_v.hpp): the producer's ring of tiles (key
     // blocks [begin, end), query block, sequence lengths); per V stage, the scan done (warp 1
     // arrives), whether it found a non-finite value and (valid only then) the key bits; the
-    // stage warps 2-3 scan.
+    // stage warps 2-3 scan and its first row past the sequence's keys.
     struct ScanTile {
       int begin, end, m_block, seqlen_q, seqlen_k;
     };
@@ -246,7 +246,7 @@ struct FwdTraits {
     alignas(8) std::uint64_t v_scanned[kStages];
     int v_flagged[kStages];
     std::uint32_t v_bad_keys[kStages][kVKeyWords];
-    int v_scan_stage;
+    int v_scan_stage, v_scan_tail;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");

@@ -24,10 +24,6 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
-  // Forward (which has no dS): consumer warpgroup w has zeroed the varlen tail rows of a V
-  // stage (fwd_mainloop.hpp).
-  kFwdVTail0 = kBwdDsReady,
-  kFwdVTail1 = kBwdDsReady1,
   // Forward: the producer warpgroup's scanner warps 1-3 start on a cut block's V stage, OR
   // their verdicts, and end its rare path (fwd_non_finite_v.hpp).
   kFwdVScan = kBwdDsFree,
