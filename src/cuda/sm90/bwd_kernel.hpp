@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
                             : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
-  pp.num_consumers = Traits::kConsumerThreads;
+  // One scanner thread releases each Q and dO stage too (bwd_non_finite.hpp).
+  pp.num_consumers = BwdNonFinite<Traits>::kRingConsumers;
   // Both constructors initialise their barriers from warp 0 and fence the initialisation;
   // each pipeline keeps its own copy of the parameters (a Q block is D wide, a dO block Dv).
   pp.transaction_bytes = Traits::kQStageBytes;

@@ -180,19 +180,19 @@ struct BwdMainloop {
         const int m0 = m * kBlockM;
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        BwdNonFinite<Traits>::wait_q(ss, state);
+        pipeline_q.consumer_wait(state);
         // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
         // warpgroups write the same zeros; each waits for its own before its products).
         if constexpr (Traits::kVarlen) {
           if (m0 + kBlockM > mask.seqlen_q) {
-            BwdNonFinite<Traits>::wait_do(ss, state);
+            pipeline_do.consumer_wait(state);
             zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
                                NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
                                sdO(_, _, state.index()));
           }
         }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
-        BwdNonFinite<Traits>::wait_do(ss, state);
+        pipeline_do.consumer_wait(state);
         wgmma<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.index()), acc_dp);
 
         Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));

@@ -128,12 +128,12 @@ struct BwdMainloopSplitD {
         const int stage = state.index();
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        BwdNonFinite<Traits>::wait_q(ss, state);
+        pipeline_q.consumer_wait(state);
         // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
         // warpgroups write the same zeros; each waits for its own before its products).
         if constexpr (Traits::kVarlen) {
           if (m0 + kBlockM > mask.seqlen_q) {
-            BwdNonFinite<Traits>::wait_do(ss, state);
+            pipeline_do.consumer_wait(state);
             zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
                                NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
                                sdO(_, _, state.index()));
@@ -141,7 +141,7 @@ struct BwdMainloopSplitD {
         }
         Tensor tSrQ_s = tSrQ(_, _, _, stage);
         wgmma<true>(mma_sdp, tSrQ_s, tSrK, acc_s);
-        BwdNonFinite<Traits>::wait_do(ss, state);
+        pipeline_do.consumer_wait(state);
         Tensor tdPrdO_s = tdPrdO(_, _, _, stage);
         wgmma<true>(mma_sdp, tdPrdO_s, tdPrV, acc_dp);
         if constexpr (kDeterministic) {

@@ -21,14 +21,14 @@
 // get a wrong finite P if zeroed, so an Inf k at a hidden pair still reaches dq
 // (docs/semantics.md).
 // How the scanners follow the tiles: the producer loads as before, onto the rings' full
-// barriers; the scanners walk the same (head, query block) sequence, wait on each full
-// barrier, pass the stage on to the consumers at once (q_ready, do_ready, which the consumers
-// wait on instead of the full barriers), scan it if the mask cuts it, and arrive on the
-// stage's clean barrier (both scanners, every tile), which the consumers wait for on the cut
-// tiles only. The extra hop hides behind the ring's prefetch.
-// Phases: a stage's full barrier completes again only after the consumers released the stage,
-// i.e. waited on its ready barrier, which the scanner arrived on after its wait; its clean
-// barrier completes again only after that, so nobody waits a phase behind.
+// barriers, and the consumers wait on those as before; the scanners walk the same (head, query
+// block) sequence as one more consumer thread each of the Q (warp 2) and dO (warp 3) rings
+// (their empty barriers count kConsumerThreads + 1 arrivals): each waits on the stage's full
+// barrier, scans it if the mask cuts the tile, arrives on the stage's clean barrier (both
+// scanners, every tile), which the consumers wait for on the cut tiles only, and releases the
+// stage. A tile the mask does not cut costs the consumers nothing.
+// Phases: a stage's full barrier completes again only after the scanner released the stage,
+// and its clean barrier only after that, so nobody waits a phase behind.
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -43,9 +43,7 @@ namespace flashcpp::detail::cuda::sm90 {
 template <int kStages>
 struct BwdNonFiniteStorage {
   alignas(8) std::uint64_t k_clean;             // K's NaN chunks zeroed (both scanners)
-  alignas(8) std::uint64_t q_ready[kStages];    // a ring stage's Q (+ lse) for the consumers
-  alignas(8) std::uint64_t do_ready[kStages];   // ... its dO (+ dsum)
-  alignas(8) std::uint64_t clean[kStages];      // ... its Q and dO cleaned (both scanners)
+  alignas(8) std::uint64_t clean[kStages];      // a ring stage's Q and dO cleaned (both)
   std::uint32_t do_zeroed[kStages];             // ... its dO had a non-finite chunk
 };
 
@@ -61,25 +59,15 @@ struct BwdNonFinite {
   __device__ static void init(SharedStorage& ss) {
     auto& st = ss.non_finite;
     cutlass::arch::ClusterBarrier::init(&st.k_clean, 2);
-    for (int s = 0; s < kStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&st.q_ready[s], 1);
-      cutlass::arch::ClusterBarrier::init(&st.do_ready[s], 1);
-      cutlass::arch::ClusterBarrier::init(&st.clean[s], 2);
-    }
+    for (int s = 0; s < kStages; ++s) cutlass::arch::ClusterBarrier::init(&st.clean[s], 2);
   }
+
+  // The extra consumer thread of the Q and dO rings: a scanner's (the pipelines' parameter).
+  static constexpr int kRingConsumers = Traits::kConsumerThreads + 1;
 
   // ---- consumers ----
 
-  // Instead of the rings' consumer_wait: a stage's Q (dO) is theirs once a scanner has seen it
-  // land.
-  __device__ static void wait_q(SharedStorage& ss, const PipelineState& state) {
-    cutlass::arch::ClusterBarrier::wait(&ss.non_finite.q_ready[state.index()], state.phase());
-  }
-  __device__ static void wait_do(SharedStorage& ss, const PipelineState& state) {
-    cutlass::arch::ClusterBarrier::wait(&ss.non_finite.do_ready[state.index()], state.phase());
-  }
-
-  // On a cut tile, after wait_q and wait_do: waits until the tile's Q and dO and the key
+  // On a cut tile, after the rings' consumer_wait: waits until the tile's Q and dO and the key
   // block's K are clean; returns whether the dO had a non-finite chunk.
   __device__ static bool wait_clean(SharedStorage& ss, const PipelineState& state) {
     auto& st = ss.non_finite;
@@ -161,9 +149,8 @@ struct BwdNonFinite {
         ss.pipeline_q.full_barrier_[stage].wait(state.phase());
       else
         ss.pipeline_do.full_barrier_[stage].wait(state.phase());
-      // The consumers may start now: S^T and dP^T may read the chunks being zeroed (above).
-      if (lane == 0)
-        cutlass::arch::ClusterBarrier::arrive(q_side ? &st.q_ready[stage] : &st.do_ready[stage]);
+      // (The consumers start on the stage meanwhile: S^T and dP^T may read the chunks being
+      // zeroed, above.)
       if (m < begin || m >= end) {
         if (q_side) {
           zero_chunks<false>(ss.q.data() + stage * kQChunks * 8, 0, kQChunks, lane);
@@ -175,6 +162,12 @@ struct BwdNonFinite {
         arrive_after_fence(&st.clean[stage]);
       } else if (lane == 0) {
         cutlass::arch::ClusterBarrier::arrive(&st.clean[stage]);
+      }
+      if (lane == 0) {  // done with the stage (the clean arrival above is ordered before)
+        if (q_side)
+          ss.pipeline_q.empty_barrier_[stage].arrive();
+        else
+          ss.pipeline_do.empty_barrier_[stage].arrive();
       }
       ++state;
     }
