@@ -28,10 +28,10 @@ STATUS_COLUMNS = ("impl", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "
                   "max_err", "note")
 DECODE_STATUS_COLUMNS = STATUS_COLUMNS[:10] + ("layout",) + STATUS_COLUMNS[10:]
 # Column order of the table; flashcpp comes after its peers, then the ratios.
-IMPL_ORDER = ("cudnn", "fa2", "mem_eff", "flex", "flashcpp")
+IMPL_ORDER = ("cudnn", "cudnn_fp8", "fa2", "mem_eff", "flex", "flashcpp")
 # flashcpp/flashcpp_det (when --impls has both) is the deterministic backward's time over the
 # default one's.
-RATIO_BASES = ("cudnn", "fa2", "flashcpp_det")
+RATIO_BASES = ("cudnn", "cudnn_fp8", "fa2", "flashcpp_det")
 # A decode cell is host-bound when the host spends at least this fraction of the median GPU
 # time per call: the GPU then waits for launches, and the time says little about the kernel.
 HOST_BOUND_FRACTION = 0.8
