@@ -131,7 +131,7 @@ class CudnnFp8Peer(Peer):
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 (unsupported, or an API mismatch: try the next)
                 refused.setdefault(_short(e), []).append(attempt.label)
-                print(f"    cudnn_fp8 {case.label}: [{attempt.label}] refused: {_short(e, 400)}",
+                print(f"    cudnn_fp8 {case.label}: [{attempt.label}] refused: {_short(e, 1500)}",
                       file=sys.stderr, flush=True)
                 continue
             if refused:
