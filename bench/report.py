@@ -312,8 +312,8 @@ def _summary(title: str, intro: str, table: str, results: Sequence[Result],
              meta: Dict[str, object], command: str, plots: Sequence[str]) -> str:
     lines = [f"# {title}, {meta.get('date', '')} on {meta.get('device', '')}", "", intro, "",
              "| | |", "|---|---|"]
-    for key in ("device", "driver", "torch", "cuda", "cudnn", "triton", "flashcpp", "sdpa_layout",
-                "copy_gbps", "timing", "graph_calls", "reps", "date"):
+    for key in ("device", "driver", "torch", "cuda", "cudnn", "cudnn_frontend", "triton",
+                "flashcpp", "sdpa_layout", "copy_gbps", "timing", "graph_calls", "reps", "date"):
         if key in meta:
             lines.append(f"| {key} | {meta[key]} |")
     lines += ["", f"Command: `{command}`", "", table, ""]

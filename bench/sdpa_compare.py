@@ -360,6 +360,10 @@ def main(argv=None) -> int:
         traceback.print_exc()
         meta["interrupted"] = True
     meta["elapsed_s"] = round(time.time() - t0, 1)
+    frontend = sys.modules.get("cudnn")  # imported by the cudnn_fp8 peer, if it ran
+    if frontend is not None and hasattr(frontend, "backend_version_string"):
+        meta["cudnn_frontend"] = (f"{getattr(frontend, '__version__', '?')} on cuDNN "
+                                  f"{frontend.backend_version_string()}")
     R.write_meta(os.path.join(out, "meta.json"), meta)
     R.write_csv(os.path.join(out, "results.csv"), results, device)
     R.write_status_csv(os.path.join(out, "status.csv"), results)
