@@ -30,13 +30,15 @@ WHEEL = "nvidia-cudnn-frontend"
 class Attempt:
     """One way of building the graph: the output type and how causal masking is asked for."""
 
-    out: str            # "bf16", "fp16" or "e4m3"
+    out: str  # "bf16", "fp16" or "e4m3"
     mask: str  # "none"; causal: "bottom_right" (right_bound 0), "bottom_right_flag", "causal_flag"
     stats: bool = False  # also write the softmax stats (a kernel that insists on them)
+    amax: bool = True  # the amax of S and O as outputs (else left to the graph, unread)
 
     @property
     def label(self) -> str:
-        return f"O {self.out}, mask {self.mask}" + (", with stats" if self.stats else "")
+        return (f"O {self.out}, mask {self.mask}" + (", with stats" if self.stats else "")
+                + ("" if self.amax else ", no amax outputs"))
 
 
 def graph_attempts(causal: bool, nq: int, nk: int) -> List[Attempt]:
@@ -45,8 +47,8 @@ def graph_attempts(causal: bool, nq: int, nk: int) -> List[Attempt]:
     bottom-right alignment (Nq == Nk)."""
     masks = (["none"] if not causal else
              ["bottom_right", "bottom_right_flag"] + (["causal_flag"] if nq == nk else []))
-    return [Attempt(out, mask, stats) for out in ("bf16", "fp16", "e4m3") for stats in (False, True)
-            for mask in masks]
+    return [Attempt(out, mask, stats, amax) for out in ("bf16", "fp16", "e4m3")
+            for stats in (False, True) for amax in (True, False) for mask in masks]
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -130,9 +132,11 @@ class CudnnFp8Peer(Peer):
                 self._probe(built)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 (unsupported, or an API mismatch: try the next)
-                refused.setdefault(_short(e), []).append(attempt.label)
-                print(f"    cudnn_fp8 {case.label}: [{attempt.label}] refused: {_short(e, 1500)}",
-                      file=sys.stderr, flush=True)
+                why = _short(e)
+                if why not in refused:  # each reason once; the attempts it refused at the end
+                    print(f"    cudnn_fp8 {case.label}: [{attempt.label}] refused: "
+                          f"{_short(e, 1500)}", file=sys.stderr, flush=True)
+                refused.setdefault(why, []).append(attempt.label)
                 continue
             if refused:
                 built.describe += f" (after {sum(map(len, refused.values()))} refused builds)"
@@ -199,8 +203,9 @@ class _Built:
         o, stats, amax_s, amax_o = g.sdpa_fp8(q=self.q, k=self.k, v=self.v, **kw)
         o.set_output(True).set_dim([B, H, Nq, D]).set_stride([Nq * H * D, D, H * D, 1])
         o.set_data_type(out_dt)
-        self.o, self.amax_s, self.amax_o, self.stats = o, amax_s, amax_o, None
-        for a in (amax_s, amax_o):
+        self.o, self.stats = o, None
+        self.amax = (amax_s, amax_o) if attempt.amax else ()
+        for a in self.amax:
             a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
             a.set_data_type(dt.FLOAT)
         if attempt.stats:
@@ -238,9 +243,9 @@ class _Built:
         c = self.case
         out = torch.empty(c.B, c.Nq, c.H, c.D, dtype=self.out_torch, device="cuda")
         keep: Dict = {self.q: s.q.transpose(1, 2), self.k: s.k.transpose(1, 2),
-                      self.v: s.v.transpose(1, 2), self.o: out.transpose(1, 2),
-                      self.amax_s: torch.zeros(1, 1, 1, 1, device="cuda"),
-                      self.amax_o: torch.zeros(1, 1, 1, 1, device="cuda")}
+                      self.v: s.v.transpose(1, 2), self.o: out.transpose(1, 2)}
+        for a in self.amax:
+            keep[a] = torch.zeros(1, 1, 1, 1, device="cuda")
         if self.stats is not None:
             keep[self.stats] = torch.empty(c.B, c.H, c.Nq, 1, device="cuda")
         for name, t in self.scalars.items():

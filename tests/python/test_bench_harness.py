@@ -512,7 +512,8 @@ def test_cudnn_fp8_graph_attempts():
     import cudnn_fp8_peer as CF  # noqa: PLC0415
     full = CF.graph_attempts(False, 4096, 4096)
     assert full[0] == CF.Attempt("bf16", "none") and {a.mask for a in full} == {"none"}
-    assert [a.out for a in full][::2] == ["bf16", "fp16", "e4m3"]
+    assert [a.out for a in full][::4] == ["bf16", "fp16", "e4m3"]
+    assert len(full) == len(set(full)) == 12
     causal = CF.graph_attempts(True, 4096, 4096)
     assert causal[0] == CF.Attempt("bf16", "bottom_right")
     assert {a.mask for a in causal} == {"bottom_right", "bottom_right_flag", "causal_flag"}
