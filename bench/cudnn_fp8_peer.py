@@ -6,7 +6,9 @@ nvidia-cudnn-frontend wheel: docs/benchmarking.md says how to get it onto the GP
 The graph is built once per case. A build is tried in the order of `graph_attempts` (bf16 out
 first, then fp16, then e4m3 out; causal as a bottom-right bound first, then as the causal
 flag), and the first that cuDNN supports is timed; the reasons of those it refused are
-printed, and all of them make the n/a reason when none builds.
+printed, and all of them make the n/a reason when none builds. On Hopper with cuDNN 9.19 only
+an e4m3 O builds (cuDNN: a 16-bit O of the FP8 forward is for Blackwell), and causal only
+through the causal flag; the cell's note says what ran.
 
 cuDNN rounds P to e4m3 before P V, like flashcpp, but multiplied by `scale_s` first (and the
 product by `descale_s` after): P_SCALE is the value cuDNN's own FP8 tests use.
@@ -49,6 +51,15 @@ def graph_attempts(causal: bool, nq: int, nk: int) -> List[Attempt]:
              ["bottom_right", "bottom_right_flag"] + (["causal_flag"] if nq == nk else []))
     return [Attempt(out, mask, stats, amax) for out in ("bf16", "fp16", "e4m3")
             for stats in (False, True) for amax in (True, False) for mask in masks]
+
+
+def backend_reason(text: str) -> str:
+    """cuDNN's own words in a frontend refusal ("... the backend declined: WHY; python engines
+    declined: ..."), else the text; at most 200 characters."""
+    marker = "the backend declined: "
+    if marker in text:
+        text = text.split(marker, 1)[1].split("; python engines", 1)[0]
+    return text[:200]
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -139,7 +150,8 @@ class CudnnFp8Peer(Peer):
                 refused.setdefault(why, []).append(attempt.label)
                 continue
             if refused:
-                built.describe += f" (after {sum(map(len, refused.values()))} refused builds)"
+                built.describe += (f" (after {sum(map(len, refused.values()))} refused builds; "
+                                   f"the first: {backend_reason(next(iter(refused)))})")
             self._built = (case, built)
             return built
         raise RuntimeError("cuDNN built no FP8 graph: " + " | ".join(
@@ -220,6 +232,7 @@ class _Built:
         self.graph = g
         self.workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8,
                                      device="cuda")
+
         def value(x):
             return torch.full((1, 1, 1, 1), x, dtype=torch.float32, device="cuda")
         # descales 1 as flashcpp's case; O's scale 1 (|O| <= max |v|, far below e4m3's 448)
@@ -233,7 +246,12 @@ class _Built:
             plan = g.get_plan_name_at_index(getattr(g, "_plan_index", 0))
         except Exception as e:  # noqa: BLE001 (only a label)
             plan = f"plan name unknown ({type(e).__name__})"
-        self.describe = f"cuDNN {cudnn.backend_version_string()} {plan}, {attempt.label}"
+        # the output type first: an e4m3 O is half the bytes of flashcpp's bf16 one
+        self.describe = (f"O written in {attempt.out}"
+                         + (" (scale_o 1)" if attempt.out == "e4m3" else "")
+                         + f", mask {attempt.mask}" + (", with stats" if attempt.stats else "")
+                         + ("" if attempt.amax else ", no amax outputs")
+                         + f"; cuDNN {cudnn.backend_version_string()} {plan}")
 
     def pack(self, s) -> tuple:
         """(variant pack, output) for input set s, the output in BSHD memory [B, Nq, H, D]

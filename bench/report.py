@@ -289,11 +289,34 @@ def failure_lines(results: Iterable[Result]) -> List[str]:
     return out
 
 
+def peer_ran_lines(results: Iterable[Result], per_impl: int = 4) -> List[str]:
+    """What each peer (not flashcpp) says it ran in its measured cells, where it says so (the
+    `ran ...` of the cell's note: cudnn_fp8's output type and cuDNN plan), deduplicated."""
+    seen: Dict[str, List[str]] = {}
+    for r in results:
+        if r.status != OK or r.impl.startswith("flashcpp") or "; ran " not in r.reason:
+            continue
+        ran = seen.setdefault(r.impl, [])
+        text = r.reason.split("; ran ", 1)[1]
+        if text not in ran:
+            ran.append(text)
+    out = []
+    for impl, ran in seen.items():
+        out += [f"{impl}: {text}" for text in ran[:per_impl]]
+        if len(ran) > per_impl:
+            out.append(f"{impl}: ... {len(ran) - per_impl} more in status.csv")
+    return out
+
+
 def summary_markdown(results: Sequence[Result], impls: Sequence[str], meta: Dict[str, object],
                      command: str, plots: Sequence[str]) -> str:
     header, rows = table_rows(results, impls)
     intro = ("TFLOP/s (higher is better); `flashcpp/X` is X's median time over flashcpp's "
              "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `docs/benchmarking.md`.")
+    ran = peer_ran_lines(results)
+    if ran:
+        intro += "\n\nWhat the peers ran (their output type counts: see the notes):\n\n" + "\n".join(
+            f"- {line}" for line in ran)
     return _summary("Side-by-side attention benchmark", intro,
                     format_table(header, rows, markdown=True), results, meta, command, plots)
 

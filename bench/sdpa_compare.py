@@ -376,8 +376,10 @@ def main(argv=None) -> int:
     header, rows = R.table_rows(results, a.impl_list)
     table = R.format_table(header, rows)
     failures = R.failure_lines(results)
+    ran = "".join(f"  {line}\n" for line in R.peer_ran_lines(results))
+    ran = f"what the peers ran:\n{ran}" if ran else ""
     with open(os.path.join(out, "table.txt"), "w") as f:
-        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n")
+        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n{ran}")
     print()
     if failures:
         print("not measured:")
@@ -387,6 +389,7 @@ def main(argv=None) -> int:
     print(f"wrote {out} ({meta['elapsed_s']} s)")
     print(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's")
     print(table)
+    print(ran, end="")
     return 1 if meta.get("interrupted") else 0
 
 

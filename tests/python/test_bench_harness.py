@@ -307,6 +307,19 @@ def test_table_has_the_cudnn_fp8_ratio():
     assert rows[0][4] == "1.10x"
 
 
+def test_peer_ran_lines_name_cudnn_fp8s_output_type():
+    c, c2 = case(D=128, N=4096, dtype="e4m3"), case(D=256, N=4096, dtype="e4m3")
+    note = "p10 1.0 ms, p90 1.1 ms; ran O written in e4m3 (scale_o 1), mask none; cuDNN 9.19.0 x"
+    rs = [R.Result("flashcpp", c, "fwd", R.OK, ms=2.0, reason="p10 1 ms; ran cuda_sm90 k"),
+          R.Result("cudnn_fp8", c, "fwd", R.OK, ms=2.2, reason=note),
+          R.Result("cudnn_fp8", c2, "fwd", R.OK, ms=2.2, reason=note),
+          R.Result("cudnn", c, "fwd", R.OK, ms=2.2, reason="p10 1.0 ms, p90 1.1 ms")]
+    lines = R.peer_ran_lines(rs)
+    assert lines == ["cudnn_fp8: O written in e4m3 (scale_o 1), mask none; cuDNN 9.19.0 x"]
+    md = R.summary_markdown(rs, ["flashcpp", "cudnn_fp8"], {}, "cmd", [])
+    assert "- cudnn_fp8: O written in e4m3" in md
+
+
 def test_table_without_flashcpp_has_no_ratio():
     rs = [r for r in fake_results() if r.impl != "flashcpp"]
     header, _ = R.table_rows(rs, ["cudnn", "fa2"])
@@ -518,5 +531,11 @@ def test_cudnn_fp8_graph_attempts():
     assert causal[0] == CF.Attempt("bf16", "bottom_right")
     assert {a.mask for a in causal} == {"bottom_right", "bottom_right_flag", "causal_flag"}
     # the plain causal flag is top-left aligned: not flashcpp's mask when Nq != Nk
+    refusal = ("cudnnGraphNotSupportedError: no engine — python or backend — proposed a plan for "
+               "this graph (the backend declined: sdpa fp8 forward with HALF/BFLOAT16 output is "
+               "only supported on Blackwell; python engines declined: sdpa_fwd_prefill_sm90: x)")
+    assert CF.backend_reason(refusal) == ("sdpa fp8 forward with HALF/BFLOAT16 output is only "
+                                          "supported on Blackwell")
+    assert CF.backend_reason("TypeError: y") == "TypeError: y"
     assert {a.mask for a in CF.graph_attempts(True, 1024, 4096)} == {"bottom_right",
                                                                      "bottom_right_flag"}
