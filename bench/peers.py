@@ -27,8 +27,9 @@ from grid import CONTIGUOUS, Case, page_size, pages_per_sequence
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff": "EFFICIENT_ATTENTION"}
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
-# Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp".
-EXTRA_IMPLS = ("flashcpp_det",)
+# Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp";
+# cuDNN's FP8 forward (bench/cudnn_fp8_peer.py, --dtype e4m3 only).
+EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
 
 
 class InputSet:
@@ -154,6 +155,7 @@ class Peer:
     name = "?"
     has_backward = True
     takes_fp8 = False  # float8_e4m3fn q, k, v with descales (sdpa_compare --dtype e4m3)
+    takes_16bit = True  # bf16 / fp16 q, k, v (False: an fp8-only peer)
 
     def available(self) -> Optional[str]:
         """None, or why this implementation cannot run at all in this process."""
@@ -474,6 +476,9 @@ def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
             peers.append(SdpaPeer(n, sdpa_layout))
         elif n == "flex":
             peers.append(FlexPeer(sdpa_layout))
+        elif n == "cudnn_fp8":
+            from cudnn_fp8_peer import CudnnFp8Peer  # noqa: PLC0415 (it imports this module)
+            peers.append(CudnnFp8Peer())
         else:
             raise ValueError(f"unknown implementation {n!r}")
     return peers

@@ -31,8 +31,9 @@ import report as R  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
 # Accepted by --impls but not run by default: flashcpp_det, flashcpp with a deterministic
-# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd.
-EXTRA_IMPLS = ("flashcpp_det",)
+# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd; cudnn_fp8, cuDNN's
+# FP8 forward (bench/cudnn_fp8_peer.py), e.g. --dtype e4m3 --modes fwd --impls flashcpp,cudnn_fp8.
+EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
 MIN_REPS = 100
 
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", choices=("off", "on", "both"), default="both")
     p.add_argument("--dtype", default="bf16",
                    help="bf16, fp16, e4m3 (fp8 q, k, v with per-tensor descales, bf16 out: "
-                        "the forward only, flashcpp only), comma-separated")
+                        "the forward only, flashcpp and cudnn_fp8 only), comma-separated")
     p.add_argument("--impls", default=",".join(ALL_IMPLS),
                    help=f"subset of {','.join(ALL_IMPLS + EXTRA_IMPLS)} "
                         f"(default {','.join(ALL_IMPLS)})")
@@ -138,10 +139,10 @@ def make_and_check(peer, case, mode, ref):
     """Makes and checks one cell: (fn, max_err, ran) ready to time, or an n/a / wrong Result."""
     if mode in G.BACKWARD_MODES and not peer.has_backward:
         return R.Result(peer.name, case, mode, R.NA, reason="no backward")
-    if case.dtype == G.FP8_CACHE and (mode != "fwd" or not peer.takes_fp8):
+    refusal = dtype_refusal(peer, case)
+    if refusal or (case.dtype == G.FP8_CACHE and mode != "fwd"):
         return R.Result(peer.name, case, mode, R.NA,
-                        reason="fp8 (e4m3) is forward only" if peer.takes_fp8
-                        else "takes no fp8 (e4m3) q, k, v")
+                        reason=refusal or "fp8 (e4m3) is forward only")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -156,6 +157,15 @@ def make_and_check(peer, case, mode, ref):
         return fn, max_err, ran
     except Exception as e:  # noqa: BLE001 (unsupported shape, OOM, compile failure: all n/a)
         return _na_result(peer, case, mode, e, caught if "caught" in locals() else ())
+
+
+def dtype_refusal(peer, case) -> str:
+    """Why the peer takes no q, k, v of the case's dtype, or ""."""
+    if case.dtype == G.FP8_CACHE and not peer.takes_fp8:
+        return "takes no fp8 (e4m3) q, k, v"
+    if case.dtype != G.FP8_CACHE and not getattr(peer, "takes_16bit", True):
+        return "takes only fp8 (e4m3) q, k, v (--dtype e4m3)"
+    return ""
 
 
 def _na_result(peer, case, mode, e, caught=()) -> R.Result:
@@ -257,7 +267,7 @@ def run_grid(a, results, log=print) -> None:
             continue
         prepared = []
         for peer in usable:  # once per case: flex compiles once per shape
-            if case.dtype == G.FP8_CACHE and not peer.takes_fp8:  # n/a in make_and_check
+            if dtype_refusal(peer, case):  # n/a in make_and_check
                 prepared.append(peer)
                 continue
             try:
@@ -350,6 +360,10 @@ def main(argv=None) -> int:
         traceback.print_exc()
         meta["interrupted"] = True
     meta["elapsed_s"] = round(time.time() - t0, 1)
+    frontend = sys.modules.get("cudnn")  # imported by the cudnn_fp8 peer, if it ran
+    if frontend is not None and hasattr(frontend, "backend_version_string"):
+        meta["cudnn_frontend"] = (f"{getattr(frontend, '__version__', '?')} on cuDNN "
+                                  f"{frontend.backend_version_string()}")
     R.write_meta(os.path.join(out, "meta.json"), meta)
     R.write_csv(os.path.join(out, "results.csv"), results, device)
     R.write_status_csv(os.path.join(out, "status.csv"), results)
@@ -362,8 +376,10 @@ def main(argv=None) -> int:
     header, rows = R.table_rows(results, a.impl_list)
     table = R.format_table(header, rows)
     failures = R.failure_lines(results)
+    ran = "".join(f"  {line}\n" for line in R.peer_ran_lines(results))
+    ran = f"what the peers ran:\n{ran}" if ran else ""
     with open(os.path.join(out, "table.txt"), "w") as f:
-        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n")
+        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n{ran}")
     print()
     if failures:
         print("not measured:")
@@ -373,6 +389,7 @@ def main(argv=None) -> int:
     print(f"wrote {out} ({meta['elapsed_s']} s)")
     print(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's")
     print(table)
+    print(ran, end="")
     return 1 if meta.get("interrupted") else 0
 
 
