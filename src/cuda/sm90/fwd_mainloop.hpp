@@ -24,8 +24,9 @@
 // FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
 // packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), the
 // q and k descales of the tile's (sequence, kv head) scale the scores, and each key block's
-// P V is summed apart from O in chunks of Dv columns (fp8_pv_chunks.hpp): the chunks still
-// pending when the softmax of S_n ends run while the finished ones are added to O.
+// P V is summed apart from O in chunks of Dv columns (fp8_pv_chunks.hpp): the first chunk
+// runs under the softmax of S_n, the others after it (with two temporaries, each while the
+// one before is added to O).
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 

@@ -55,18 +55,21 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 // The FP8 (e4m3 q, k, v) forward: D == Dv only. kBlockN a multiple of 32 (the e4m3 wgmma's
 // k; V^T tiles are kBlockN keys wide, K-major, with the widest swizzle that divides them).
 // Every row sums each key block's P V apart from O (the tensor cores' FP8 adder keeps ~13
-// bits, fp8_pv_chunks.hpp), in chunks of pv_chunk Dv columns, chosen by ptxas (no spills):
-// d64 whole (64: 32 more registers), d128 and d256 in chunks of 32 (two temporaries of 16
-// registers). d256 at 128 x 96: shared memory would take 128 keys (Q 32 KB + 2 x (K 32 + V^T
-// 32) KB), but the registers do not (S 64 + P 16 + O 128 per consumer thread); 96 keys (S 48 +
-// P 12 + O 128 + 2 x 16) fit. O is stored from registers at d256 (fwd_traits.hpp).
+// bits, fp8_pv_chunks.hpp), in chunks of pv_chunk Dv columns with pv_temps temporaries,
+// chosen by ptxas spills and H100 speed (docs/design/sm90-kernels.md): d64 one whole-width
+// chunk (32 more registers), d128 chunks of 64 with one temporary (32 registers; 3-5% faster
+// than 32x2 on the H100), d256 chunks of 32 with two temporaries of 16 registers (faster than
+// 128 x 64 tiles). d256 at 128 x 96: shared memory would take 128 keys (Q 32 KB + 2 x (K 32 +
+// V^T 32) KB), but the registers do not (S 64 + P 16 + O 128 per consumer thread); 96 keys
+// (S 48 + P 12 + O 128 + 2 x 16) nearly fit (2 spilled loads and stores per key block). O is
+// stored from registers at d256 (fwd_traits.hpp).
 //
 // The key block, stage count and chunk width of each FP8 row can be set at configure time, so
 // that variants build side by side without editing this file: cmake
-// -DFLASHCPP_SM90_FP8_TILE_D128=224x2 -DFLASHCPP_SM90_FP8_PV_CHUNK_D128=64
-// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2 and
-// ..._PV_CHUNK 64 for every TU; the kernel name carries the tile and the chunk width, so
-// RunInfo::kernel says which variant ran.
+// -DFLASHCPP_SM90_FP8_TILE_D128=224x2 -DFLASHCPP_SM90_FP8_PV_CHUNK_D128=32x2
+// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
+// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 for every TU; the kernel name carries the tile and the
+// chunks, so RunInfo::kernel says which variant ran.
 #ifndef FLASHCPP_SM90_FP8_D64_BLOCK_N
 #define FLASHCPP_SM90_FP8_D64_BLOCK_N 128
 #endif
@@ -86,10 +89,10 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 #define FLASHCPP_SM90_FP8_D128_STAGES 2
 #endif
 #ifndef FLASHCPP_SM90_FP8_D128_PV_TEMPS
-#define FLASHCPP_SM90_FP8_D128_PV_TEMPS 2
+#define FLASHCPP_SM90_FP8_D128_PV_TEMPS 1
 #endif
 #ifndef FLASHCPP_SM90_FP8_D128_PV_CHUNK
-#define FLASHCPP_SM90_FP8_D128_PV_CHUNK 32
+#define FLASHCPP_SM90_FP8_D128_PV_CHUNK 64
 #endif
 #ifndef FLASHCPP_SM90_FP8_D256_BLOCK_N
 #define FLASHCPP_SM90_FP8_D256_BLOCK_N 96
