@@ -76,14 +76,36 @@ foreach(_d IN ITEMS 64 128 256)
   endif()
 endforeach()
 unset(_tile)
-# FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
-# block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
-set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING
-    "FP8 sm90a forward: P V summed per key block up to this head dim (empty: 128, 0: none)")
-if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM STREQUAL "")
-  if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM MATCHES "^[0-9]+$")
-    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "
-                        "'${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}' (expected a head dim, e.g. 128)")
+# FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
+# head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with
+# <temps> temporaries in flight (default 2; fp8_pv_chunks.hpp); 0: O stays the tensor cores'
+# P V accumulator along the row (it loses small terms on long rows). Empty: the table's.
+foreach(_d IN ITEMS 64 128 256)
+  set(FLASHCPP_SM90_FP8_PV_CHUNK_D${_d} "" CACHE STRING
+      "FP8 sm90a forward P V chunks for head dim ${_d}: <width>[x<temps>], 0: none, empty: the table's")
+  set(_chunk "${FLASHCPP_SM90_FP8_PV_CHUNK_D${_d}}")
+  if(NOT _chunk STREQUAL "")
+    if(NOT _chunk MATCHES "^([0-9]+)(x([0-9]+))?$")
+      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_CHUNK_D${_d} '${_chunk}' (expected "
+                          "<width>[x<temps>], e.g. 32x2, or 0)")
+    endif()
+    set(_temps 2)
+    if(CMAKE_MATCH_3)
+      set(_temps ${CMAKE_MATCH_3})
+    endif()
+    add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_PV_CHUNK=${CMAKE_MATCH_1}
+                            FLASHCPP_SM90_FP8_D${_d}_PV_TEMPS=${_temps})
+    if(CMAKE_MATCH_1 EQUAL 0)
+      message(STATUS "flashcpp: FP8 sm90a forward d${_d} P V on the tensor cores' O (no per-block sum)")
+    else()
+      message(STATUS "flashcpp: FP8 sm90a forward d${_d} P V chunks of ${CMAKE_MATCH_1}, ${_temps} temporaries")
+    endif()
   endif()
-  add_compile_definitions(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM=${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM})
+endforeach()
+unset(_chunk)
+unset(_temps)
+# The switch these replace (one head-dim limit for a whole-width per-block sum).
+if(NOT "${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}" STREQUAL "")
+  message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM is gone: use "
+                      "FLASHCPP_SM90_FP8_PV_CHUNK_D<d> (the old default: D64 64, D128 128, D256 0)")
 endif()
