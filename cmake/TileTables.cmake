@@ -14,7 +14,8 @@ function(flashcpp_table_body header table out)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
 endfunction()
 
-# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
+# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`,
+# each once (a head dim may have several rows).
 function(flashcpp_table_head_dims header table out)
   flashcpp_table_body("${header}" ${table} _body)
   string(REGEX MATCHALL "{ *[0-9]+," _entries "${_body}")
@@ -23,6 +24,7 @@ function(flashcpp_table_head_dims header table out)
     string(REGEX REPLACE "[^0-9]" "" _dim "${_entry}")
     list(APPEND _dims "${_dim}")
   endforeach()
+  list(REMOVE_DUPLICATES _dims)
   set(${out} "${_dims}" PARENT_SCOPE)
 endfunction()
 

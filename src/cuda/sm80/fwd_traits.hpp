@@ -1,6 +1,6 @@
 #pragma once
-// Compile-time description of one sm80 forward instantiation: the tile (from the tile table),
-// the mma.sync tiled MMA, swizzled shared-memory layouts and the copy atoms.
+// Compile-time description of one sm80 forward instantiation: the tile (row kTileIndex of the
+// tile table), the mma.sync tiled MMA, swizzled shared-memory layouts and the copy atoms.
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -12,12 +12,12 @@ namespace flashcpp::detail::cuda::sm80 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kTileIndex>
 struct FwdTraits {
   using Element = Element_;
-  static constexpr Sm80FwdTile kTile = sm80_fwd_tile(kHeadDim_);
-  static_assert(kTile.head_dim == kHeadDim_, "head dim must be a tile table entry");
-  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kTileIndex >= 0 && kTileIndex < kSm80FwdTileCount);
+  static constexpr Sm80FwdTile kTile = kSm80FwdTiles[kTileIndex];
+  static constexpr int kHeadDim = kTile.head_dim;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
@@ -25,6 +25,10 @@ struct FwdTraits {
   static constexpr int kKVStages = kTile.kv_stages;
   static_assert(kKVStages == 1 || kKVStages == 2);
   static_assert(kBlockM % (16 * kNWarps) == 0);
+  // A warp skips the masked key blocks none of its rows sees (fwd_mainloop.hpp): d192/d256
+  // only, which have registers to spare (0 spills either way); at d128 the test raised the
+  // spills from 40/60 B to 112/96 B (sm_90, stores/loads).
+  static constexpr bool kSkipUnseen = kHeadDim >= 192;
 
   // m16n8k16 with fp32 accumulation; warps stacked along M (each owns whole rows, so row
   // statistics never cross warps). The 16-wide N tile pairs two n8 atoms so that one
