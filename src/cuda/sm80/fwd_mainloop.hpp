@@ -125,16 +125,43 @@ struct FwdMainloop {
                          : (i < n_masked ? band_begin - 1 - (i - n_right) : band_end - 1 - (i - n_masked));
     };
 
-    // ---- prologue: Q and the first K (and V) block ----
+    // ---- prologue: Q and the first K block, then (two buffers) the first V block ----
+    // V_0 is a group of its own that step 0 waits for only before O += P V, so its load
+    // overlaps S_0 (with one CTA per SM nothing else hides it).
     load_q(tQsQ, 0, seq.seqlen_q - m0);
     load_k(block_at(0), 0);
-    if constexpr (kKVStages == 2) load_v(block_at(0), 0);
     cp_async_fence();
+    if constexpr (kKVStages == 2) {
+      load_v(block_at(0), 0);
+      cp_async_fence();
+    }
 
+    // (row, col) of every S accumulator element, in the (row, col) view of acc_s.
+    auto s_coords = [&] {
+      Tensor tScS =
+          thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      return make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    };
+    // Whether some row of this warp sees a key of block n. A masked block that none does (a
+    // causal diagonal block past the warp's last row, a window's left edge) is skipped by the
+    // warp: its P would be all zeros and leave O and the row statistics unchanged, and the
+    // ldmatrix reads it saves are what the large head dims are bound by (Traits::kSkipUnseen).
+    auto warp_sees = [&](int n) {
+      Tensor c_rc = s_coords();
+      bool sees = false;
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(c_rc); ++r) {
+        int first, last;
+        mask.row_window(m0 + get<0>(c_rc(r, 0)), n * kBlockN, kBlockN, first, last);
+        sees |= max(first, 0) <= min(last, kBlockN - 1);
+      }
+      return __any_sync(0xffffffffu, sees);
+    };
     // Pipeline.
     // Two buffers, one barrier per block: at the top of step i, K_i/V_i are waited for and
     // made visible by the barrier, which also tells that every warp is done with step i - 1,
-    // so its buffers take the loads of block i + 1 at once; those get all of step i to land.
+    // so its buffers take the loads of block i + 1 at once; those get all of step i to land
+    // (step 0 waits for V_0 with a second barrier before O += P V).
     // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
     // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
     // product (the softmax waits for V_i).
@@ -144,8 +171,12 @@ struct FwdMainloop {
       const int b = kKVStages == 2 ? (i & 1) : 0;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
-      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
+      // K_i (V_i with two buffers, but for V_0; Q) of this thread landed
+      if (kKVStages == 2 && i == 0)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();  // ... of every thread; the buffers step i - 1 read are free
       if constexpr (kKVStages == 2) {
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), b ^ 1);
@@ -157,29 +188,29 @@ struct FwdMainloop {
         cp_async_fence();
       }
 
-      auto tSsK_b = buf(tSsK, b);
-      gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK_b, smem_copy_q, smem_copy_k,
-                     smem_thr_q, smem_thr_k);
-
-      if constexpr (kSoftcap) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = tanhf(acc_s(e) * kp.softcap_in_scale);
-      }
+      const bool run = !kMasked || !Traits::kSkipUnseen || warp_sees(n);
       Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-      if constexpr (kMasked) {
-        // (row, col) of every S accumulator element, in the same (row, col) view.
-        Tensor tScS =
-            thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-        Tensor c_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-        const int n0 = n * kBlockN;
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(s_rc); ++r) {
-          int first, last;
-          mask.row_window(m0 + get<0>(c_rc(r, 0)), n0, kBlockN, first, last);
+      if (run) {
+        auto tSsK_b = buf(tSsK, b);
+        gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK_b, smem_copy_q, smem_copy_k,
+                       smem_thr_q, smem_thr_k);
+
+        if constexpr (kSoftcap) {
           CUTE_UNROLL
-          for (int c = 0; c < size<1>(s_rc); ++c) {
-            const int col = get<1>(c_rc(r, c));
-            if (col < first || col > last) s_rc(r, c) = -INFINITY;
+          for (int e = 0; e < size(acc_s); ++e) acc_s(e) = tanhf(acc_s(e) * kp.softcap_in_scale);
+        }
+        if constexpr (kMasked) {
+          Tensor c_rc = s_coords();
+          const int n0 = n * kBlockN;
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(s_rc); ++r) {
+            int first, last;
+            mask.row_window(m0 + get<0>(c_rc(r, 0)), n0, kBlockN, first, last);
+            CUTE_UNROLL
+            for (int c = 0; c < size<1>(s_rc); ++c) {
+              const int col = get<1>(c_rc(r, c));
+              if (col < first || col > last) s_rc(r, c) = -INFINITY;
+            }
           }
         }
       }
@@ -194,12 +225,20 @@ struct FwdMainloop {
       }
 
       Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-      softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
-
-      Tensor p_regs = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
-      auto tOsVt_b = buf(tOsVt, b);
-      gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
+      if (run) softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
+      if (kKVStages == 2 && i == 0) {
+        if (n_total > 1)
+          cp_async_wait<1>();  // V_0 landed (K_1/V_1 may still be in flight)
+        else
+          cp_async_wait<0>();
+        __syncthreads();
+      }
+      if (run) {
+        Tensor p_regs = convert_fragment<Element>(acc_s);
+        Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
+        auto tOsVt_b = buf(tOsVt, b);
+        gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
+      }
     };
     int i = 0;
     for (; i < n_masked; ++i) step(i, cute::true_type{});
