@@ -89,3 +89,10 @@ if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM STREQUAL "")
   endif()
   add_compile_definitions(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM=${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM})
 endif()
+# FLASHCPP_SM80_FWD_PAIRS: the sm80 forward's d256 warp-pair tile row (fwd_tile_table.hpp) is
+# built, to be run with FLASHCPP_SM80_FWD_TILE_D256=128x64_8w_kv2_pairs (the tile choice never
+# takes it).
+option(FLASHCPP_SM80_FWD_PAIRS "sm80 forward: build the d256 warp-pair tile row (A/B runs)" OFF)
+if(FLASHCPP_SM80_FWD_PAIRS)
+  add_compile_definitions(FLASHCPP_SM80_FWD_PAIRS)
+endif()

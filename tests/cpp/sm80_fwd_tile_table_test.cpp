@@ -34,16 +34,36 @@ TEST(Sm80FwdTileTable, ChoiceFitsEveryBudgetAndShape) {
         }
 }
 
-// The rows each GPU class gets at D 256 (long sequences): H100/H200 two K/V buffers, A100 one,
-// sm86/sm89 FA2's 64x64 with 4 warps; and none below the smallest row.
-TEST(Sm80FwdTileTable, D256RowPerGpuClass) {
-  const Sm80FwdShape long_rows{8192, 8192, false};
-  EXPECT_EQ(chosen_name(256, 227 * kKB, long_rows), "128x64_8w_kv2");
-  EXPECT_EQ(chosen_name(256, 163 * kKB, long_rows), "128x64_8w");
-  EXPECT_EQ(chosen_name(256, 99 * kKB, long_rows), "64x64_4w");
-  EXPECT_EQ(chosen_name(192, 99 * kKB, long_rows), "128x64_8w");
-  EXPECT_EQ(chosen_name(256, 63 * kKB, long_rows), "none");
-  EXPECT_EQ(chosen_name(128, 227 * kKB, long_rows), "128x64_4w");
+// The d256 rule (measured on an H100; fwd_tile_table.hpp): causal up to N = 2k on 64x64 with
+// 4 warps where two of its CTAs fit (not at A100's 163 KB), the rest on the one-buffer 128x64
+// with 8 warps; sm86/sm89 (99 KB) get 64x64 whatever the shape; none below the smallest row.
+TEST(Sm80FwdTileTable, D256Rule) {
+  for (int n : {1, 512, 1024, 2048}) {
+    EXPECT_EQ(chosen_name(256, 227 * kKB, {n, n, true}), "64x64_4w") << n;
+    EXPECT_EQ(chosen_name(256, 227 * kKB, {n, n, false}), "128x64_8w") << n;
+    EXPECT_EQ(chosen_name(256, 163 * kKB, {n, n, true}), "128x64_8w") << n;
+  }
+  for (int n : {2049, 4096, 16384}) {
+    EXPECT_EQ(chosen_name(256, 227 * kKB, {n, n, true}), "128x64_8w") << n;
+    EXPECT_EQ(chosen_name(256, 227 * kKB, {n, n, false}), "128x64_8w") << n;
+  }
+  // Causal with more keys than 2k: the long rows decide.
+  EXPECT_EQ(chosen_name(256, 227 * kKB, {1024, 8192, true}), "128x64_8w");
+  for (bool causal : {false, true})
+    for (int n : {512, 4096}) {
+      EXPECT_EQ(chosen_name(256, 163 * kKB, {n, n, causal}), "128x64_8w");
+      EXPECT_EQ(chosen_name(256, 99 * kKB, {n, n, causal}), "64x64_4w");
+      EXPECT_EQ(chosen_name(256, 95 * kKB, {n, n, causal}), "none");
+    }
+}
+
+// The other head dims: the largest row that fits.
+TEST(Sm80FwdTileTable, FirstRowThatFits) {
+  EXPECT_EQ(chosen_name(192, 227 * kKB, {4096, 4096, false}), "128x64_8w_kv2");
+  EXPECT_EQ(chosen_name(192, 163 * kKB, {4096, 4096, true}), "128x64_8w_kv2");
+  EXPECT_EQ(chosen_name(192, 99 * kKB, {4096, 4096, false}), "128x64_8w");
+  EXPECT_EQ(chosen_name(128, 227 * kKB, {1024, 1024, true}), "128x64_4w");
+  EXPECT_EQ(chosen_name(64, 99 * kKB, {1024, 1024, false}), "128x128_4w");
 }
 
 TEST(Sm80FwdTileTable, NamesFindTheirRows) {
@@ -55,7 +75,13 @@ TEST(Sm80FwdTileTable, NamesFindTheirRows) {
   std::set<std::string> names;
   for (const Sm80FwdTile& t : kSm80FwdTiles)
     EXPECT_TRUE(names.insert(std::to_string(t.head_dim) + "/" + sm80_fwd_tile_name(t)).second);
-  EXPECT_EQ(sm80_fwd_tile_index_named(256, "64x64_4w"), sm80_fwd_tile_index_nth(256, 2));
+  EXPECT_EQ(sm80_fwd_tile_index_named(256, "64x64_4w"), sm80_fwd_row(256, 64, 64, 4, 1));
+  EXPECT_EQ(sm80_fwd_tile_index_named(256, "128x64_8w_kv2"), sm80_fwd_row(256, 128, 64, 8, 2));
+#ifdef FLASHCPP_SM80_FWD_PAIRS
+  EXPECT_EQ(sm80_fwd_tile_index_named(256, "128x64_8w_kv2_pairs"), sm80_fwd_tile_index_nth(256, 0));
+#else
+  EXPECT_EQ(sm80_fwd_tile_index_named(256, "128x64_8w_kv2_pairs"), -1);
+#endif
   EXPECT_EQ(sm80_fwd_tile_index_named(128, "64x64_4w"), -1);  // a d256 row only
   EXPECT_EQ(sm80_fwd_tile_index_named(256, "64x64"), -1);
   EXPECT_EQ(sm80_fwd_tile_index_named(256, ""), -1);

@@ -69,21 +69,50 @@ struct FwdMainloop {
     Tensor tKsK = gmem_thr.partition_D(sK);
     Tensor tVsV = gmem_thr.partition_D(sV);
 
-    typename Traits::TiledMma tiled_mma;
-    auto thr_mma = tiled_mma.get_thread_slice(tid);
+    // S = Q K^T on mma_s, O += P V on mma_o: the same tiled MMA unless warps pair up.
+    typename Traits::TiledMmaS mma_s;
+    typename Traits::TiledMmaO mma_o;
+    auto thr_mma = mma_s.get_thread_slice(tid);
+    auto thr_mma_o = mma_o.get_thread_slice(tid);
     Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
     Tensor tSrK = thr_mma.partition_fragment_B(sK);
-    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);
+    Tensor tOrVt = thr_mma_o.partition_fragment_B(sVtNoSwizzle);
 
-    auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_s);
     auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
     Tensor tSsQ = smem_thr_q.partition_S(sQ);
-    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_s);
     auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
     Tensor tSsK = smem_thr_k.partition_S(sK);
-    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_o);
     auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
     Tensor tOsVt = smem_thr_v.partition_S(sVt);
+
+    // Warp pairs (Traits::kWarpsN == 2): warp w and its partner w ^ kWarpsM own the same rows;
+    // w holds keys [n * kBlockN/2, ...) of S and head-dim columns [n * D/2, ...) of O, n =
+    // w / kWarpsM. Per block they swap their row maxima (so both take the same exp2 offsets)
+    // and their halves of P (each needs all of P for its columns of O) through their swap
+    // areas (after the K/V buffers; Traits::kPairRows floats, then kPairPWords 16-byte words
+    // per lane, lane-minor so that a warp's 16-byte accesses hit 32 consecutive words), with
+    // a 64-thread barrier of the pair (id 1 + row group) after each write.
+    const int warp = tid / 32, lane = tid % 32;
+    const int pair_rows = warp % Traits::kWarpsM;
+    constexpr int kSwapBytes = 16 * 32 * (1 + Traits::kPairPWords);
+    char* const swap = reinterpret_cast<char*>(raw_pointer_cast(sV.data() + kKVStages * kKVTile));
+    auto swap_stats = [&](int w) { return reinterpret_cast<float4*>(swap + w * kSwapBytes) + lane; };
+    auto swap_p = [&](int w, int j) {
+      return reinterpret_cast<uint4*>(swap + w * kSwapBytes) + 32 * (1 + j) + lane;
+    };
+    auto pair_barrier = [&] {
+      asm volatile("bar.sync %0, 64;" ::"r"(1 + pair_rows) : "memory");
+    };
+    // Swaps the row statistics v[0..3] with the partner: returns the partner's.
+    auto swap_with_partner = [&](const float (&v)[4], float (&other)[4]) {
+      *swap_stats(warp) = make_float4(v[0], v[1], v[2], v[3]);
+      pair_barrier();
+      const float4 o = *swap_stats(warp ^ Traits::kWarpsM);
+      other[0] = o.x, other[1] = o.y, other[2] = o.z, other[3] = o.w;
+    };
 
     // Buffer `b` of a K/V partition: the same per-thread layout moved by whole tiles (a
     // multiple of the swizzle period, so the bank pattern is unchanged). With a run-time b,
@@ -125,16 +154,13 @@ struct FwdMainloop {
                          : (i < n_masked ? band_begin - 1 - (i - n_right) : band_end - 1 - (i - n_masked));
     };
 
-    // ---- prologue: Q and the first K block, then (two buffers) the first V block ----
-    // V_0 is a group of its own that step 0 waits for only before O += P V, so its load
-    // overlaps S_0 (with one CTA per SM nothing else hides it).
+    // ---- prologue: Q and the first K (and V) block ----
+    // (Waiting for V_0 only before O += P V of step 0, a second barrier in step 0, raised
+    // the d256 two-buffer kernel's spills from 0 to 260/280 B.)
     load_q(tQsQ, 0, seq.seqlen_q - m0);
     load_k(block_at(0), 0);
+    if constexpr (kKVStages == 2) load_v(block_at(0), 0);
     cp_async_fence();
-    if constexpr (kKVStages == 2) {
-      load_v(block_at(0), 0);
-      cp_async_fence();
-    }
 
     // (row, col) of every S accumulator element, in the (row, col) view of acc_s.
     auto s_coords = [&] {
@@ -160,8 +186,7 @@ struct FwdMainloop {
     // Pipeline.
     // Two buffers, one barrier per block: at the top of step i, K_i/V_i are waited for and
     // made visible by the barrier, which also tells that every warp is done with step i - 1,
-    // so its buffers take the loads of block i + 1 at once; those get all of step i to land
-    // (step 0 waits for V_0 with a second barrier before O += P V).
+    // so its buffers take the loads of block i + 1 at once; those get all of step i to land.
     // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
     // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
     // product (the softmax waits for V_i).
@@ -169,14 +194,10 @@ struct FwdMainloop {
       constexpr bool kMasked = decltype(masked)::value;
       const int n = block_at(i);
       const int b = kKVStages == 2 ? (i & 1) : 0;
-      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      // K_i (V_i with two buffers, but for V_0; Q) of this thread landed
-      if (kKVStages == 2 && i == 0)
-        cp_async_wait<1>();
-      else
-        cp_async_wait<0>();
-      __syncthreads();  // ... of every thread; the buffers step i - 1 read are free
+      cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
+      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
       if constexpr (kKVStages == 2) {
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), b ^ 1);
@@ -192,7 +213,7 @@ struct FwdMainloop {
       Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       if (run) {
         auto tSsK_b = buf(tSsK, b);
-        gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK_b, smem_copy_q, smem_copy_k,
+        gemm_smem_smem(mma_s, acc_s, tSrQ, tSrK, tSsQ, tSsK_b, smem_copy_q, smem_copy_k,
                        smem_thr_q, smem_thr_k);
 
         if constexpr (kSoftcap) {
@@ -225,24 +246,63 @@ struct FwdMainloop {
       }
 
       Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-      if (run) softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
-      if (kKVStages == 2 && i == 0) {
-        if (n_total > 1)
-          cp_async_wait<1>();  // V_0 landed (K_1/V_1 may still be in flight)
-        else
-          cp_async_wait<0>();
-        __syncthreads();
+      if constexpr (Traits::kWarpsN == 2) {
+        float own[4], other[4];
+        softmax.block_max(s_rc, own);
+        swap_with_partner(own, other);
+        CUTE_UNROLL
+        for (int r = 0; r < 4; ++r) own[r] = fmaxf(own[r], other[r]);
+        softmax.template update_with_max<kMasked>(s_rc, o_rc, own, kp.scale_log2);
+      } else if (run) {
+        softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
       }
-      if (run) {
+      if constexpr (Traits::kWarpsN == 2) {
+        // This warp's half of P as A-operand k16 slices, in the register order of one slice
+        // after another (the order of a whole-P fragment); the pair's two halves side by side
+        // are that fragment.
+        Tensor p_regs = convert_fragment<Element>(acc_s);
+        Tensor p_half = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
+        constexpr int kM = decltype(size<1>(p_half))::value;
+        constexpr int kHalfK = decltype(size<2>(p_half))::value;
+        Tensor tOrP = make_tensor<Element>(Shape<Shape<_2, _2, _2>, Int<kM>, Int<2 * kHalfK>>{});
+        static_assert(decltype(size(tOrP))::value == 2 * decltype(size(p_half))::value);
+        Tensor own = make_tensor<Element>(Shape<Shape<_2, _2, _2>, Int<kM>, Int<kHalfK>>{});
+        CUTE_UNROLL
+        for (int k = 0; k < kHalfK; ++k)
+          CUTE_UNROLL
+          for (int m = 0; m < kM; ++m)
+            CUTE_UNROLL
+            for (int v = 0; v < 8; ++v) own(v, m, k) = p_half(v, m, k);
+        const uint4* own_words = reinterpret_cast<const uint4*>(own.data());
+        CUTE_UNROLL
+        for (int j = 0; j < Traits::kPairPWords; ++j) *swap_p(warp, j) = own_words[j];
+        pair_barrier();
+        uint4* words = reinterpret_cast<uint4*>(tOrP.data());
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h)
+          CUTE_UNROLL
+          for (int j = 0; j < Traits::kPairPWords; ++j)
+            words[h * Traits::kPairPWords + j] = *swap_p(pair_rows + h * Traits::kWarpsM, j);
+        auto tOsVt_b = buf(tOsVt, b);
+        gemm_reg_smem(mma_o, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
+      } else if (run) {
         Tensor p_regs = convert_fragment<Element>(acc_s);
         Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
         auto tOsVt_b = buf(tOsVt, b);
-        gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
+        gemm_reg_smem(mma_o, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
       }
     };
     int i = 0;
     for (; i < n_masked; ++i) step(i, cute::true_type{});
     for (; i < n_total; ++i) step(i, cute::false_type{});
+    if constexpr (Traits::kWarpsN == 2) {
+      // Each warp summed P over its half of the keys: the row sums are both halves'. (The
+      // partner read the swap area's maxima before the last P swap's barrier.)
+      float other[4];
+      swap_with_partner(softmax.row_sum, other);
+      CUTE_UNROLL
+      for (int r = 0; r < 4; ++r) softmax.row_sum[r] += other[r];
+    }
     // Every thread is done reading Q/K/V before the epilogue reuses shared memory.
     __syncthreads();
   }
