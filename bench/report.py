@@ -164,15 +164,19 @@ def cell_text(r: Optional[Result]) -> str:
 def table_rows(results: Sequence[Result], impls: Sequence[str]) -> Tuple[List[str], List[List[str]]]:
     """Header and rows of the final table: one row per (case, mode), in the order first run."""
     impls = [i for i in IMPL_ORDER if i in impls] + [i for i in impls if i not in IMPL_ORDER]
-    bases = [b for b in RATIO_BASES if b in impls and "flashcpp" in impls]
-    header = ["case", "mode"] + [f"{i}" for i in impls] + [f"flashcpp/{b}" for b in bases]
+    # flashcpp and its environment variants (sdpa_compare --flashcpp-env: "flashcpp[value]")
+    # each get a ratio to every base.
+    mine = [i for i in impls if i == "flashcpp" or (i.startswith("flashcpp[") and i.endswith("]"))]
+    bases = [b for b in RATIO_BASES if b in impls and mine]
+    pairs = [(m, b) for m in mine for b in bases]
+    header = ["case", "mode"] + [f"{i}" for i in impls] + [f"{m}/{b}" for m, b in pairs]
     by_key: Dict[Tuple[Case, str], Dict[str, Result]] = {}
     for r in results:
         by_key.setdefault((r.case, r.mode), {})[r.impl] = r
     rows = []
     for (case, mode), cells in by_key.items():
         row = [case.label, mode] + [cell_text(cells.get(i)) for i in impls]
-        row += [speedup(cells.get("flashcpp"), cells.get(b)) for b in bases]
+        row += [speedup(cells.get(m), cells.get(b)) for m, b in pairs]
         rows.append(row)
     return header, rows
 

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what SDPA and flex get: [B,H,N,D] views of the BSHD inputs (default), "
                         "or contiguous BHSD copies")
     p.add_argument("--flashcpp-backend", default="auto", help="backend= for flashcpp.attention")
+    p.add_argument("--flashcpp-env", default=None, metavar="VAR=V1,V2",
+                   help="also time flashcpp with environment variable VAR set to each value, "
+                        "one column flashcpp[V] each (variables flashcpp reads at every call, "
+                        "e.g. FLASHCPP_SM80_FWD_TILE_D256=128x64_8w_kv2,64x64_4w)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="output folder (default bench/results/<date>-<device>/)")
@@ -95,6 +99,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.head_dims = G.parse_size_list(a.heads_dims) if a.heads_dims else list(default_d)
         a.seqlen_list = G.parse_size_list(a.seqlens) if a.seqlens else list(default_n)
         a.causal_list = G.causal_flags(a.causal)
+        import peers as P  # noqa: PLC0415
+        a.flashcpp_env_spec = P.parse_flashcpp_env(a.flashcpp_env) if a.flashcpp_env else None
+        # Table columns: the implementations, then flashcpp's environment variants.
+        a.columns = list(a.impl_list) + (
+            [f"flashcpp[{v}]" for v in a.flashcpp_env_spec[1]] if a.flashcpp_env_spec else [])
         a.cases = G.training_grid(a.dtypes, a.head_dims, a.seqlen_list, a.causal_list,
                                   tokens=a.tokens, hidden=a.hidden)
     except ValueError as e:
@@ -104,6 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.rounds < 1:
         p.error("--rounds must be positive")
     if a.driver:
+        if a.flashcpp_env:
+            p.error("--driver takes no --flashcpp-env (set the variable in the environment)")
         if len(a.cases) != 1 or len(a.mode_list) != 1 or len(a.impl_list) != 1:
             p.error("--driver needs exactly one impl, dtype, head dim, seqlen, causal (on/off) "
                     f"and mode; got {len(a.impl_list)} impls, {len(a.cases)} cases, "
@@ -233,7 +244,7 @@ def run_grid(a, results, log=print) -> None:
     import peers as P  # noqa: PLC0415
     import reference  # noqa: PLC0415
 
-    all_peers = P.make_peers(a.impl_list, a.sdpa_layout, a.flashcpp_backend)
+    all_peers = P.make_peers(a.impl_list, a.sdpa_layout, a.flashcpp_backend, a.flashcpp_env_spec)
     usable = []
     for peer in all_peers:
         why = peer.available()
@@ -346,11 +357,11 @@ def main(argv=None) -> int:
     command = "python3 bench/sdpa_compare.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     meta.update({"sdpa_layout": a.sdpa_layout, "reps": a.reps, "rounds": a.rounds,
                  "command": command,
-                 "impls": a.impl_list, "modes": a.mode_list})
+                 "impls": a.columns, "modes": a.mode_list})
     R.write_meta(os.path.join(out, "meta.json"), meta)
     print(f"device {device}, torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "
           f"cuDNN {meta.get('cudnn')}, driver {meta.get('driver')}; {len(a.cases)} cases x "
-          f"{len(a.mode_list)} modes x {len(a.impl_list)} impls -> {out}", flush=True)
+          f"{len(a.mode_list)} modes x {len(a.columns)} impls -> {out}", flush=True)
 
     t0 = time.time()
     results = []
@@ -372,8 +383,8 @@ def main(argv=None) -> int:
         import plots as PL  # noqa: PLC0415
         plots = PL.write_plots(R.csv_rows(results, device), out, device)
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(R.summary_markdown(results, a.impl_list, meta, command, plots))
-    header, rows = R.table_rows(results, a.impl_list)
+        f.write(R.summary_markdown(results, a.columns, meta, command, plots))
+    header, rows = R.table_rows(results, a.columns)
     table = R.format_table(header, rows)
     failures = R.failure_lines(results)
     ran = "".join(f"  {line}\n" for line in R.peer_ran_lines(results))

@@ -14,7 +14,8 @@ function(flashcpp_table_body header table out)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
 endfunction()
 
-# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
+# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`,
+# each once (a head dim may have several rows).
 function(flashcpp_table_head_dims header table out)
   flashcpp_table_body("${header}" ${table} _body)
   string(REGEX MATCHALL "{ *[0-9]+," _entries "${_body}")
@@ -23,6 +24,7 @@ function(flashcpp_table_head_dims header table out)
     string(REGEX REPLACE "[^0-9]" "" _dim "${_entry}")
     list(APPEND _dims "${_dim}")
   endforeach()
+  list(REMOVE_DUPLICATES _dims)
   set(${out} "${_dims}" PARENT_SCOPE)
 endfunction()
 
@@ -108,4 +110,11 @@ unset(_temps)
 if(NOT "${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}" STREQUAL "")
   message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM is gone: use "
                       "FLASHCPP_SM90_FP8_PV_CHUNK_D<d> (the old default: D64 64, D128 128, D256 0)")
+endif()
+# FLASHCPP_SM80_FWD_PAIRS: the sm80 forward's d256 warp-pair tile row (fwd_tile_table.hpp) is
+# built, to be run with FLASHCPP_SM80_FWD_TILE_D256=128x64_8w_kv2_pairs (the tile choice never
+# takes it).
+option(FLASHCPP_SM80_FWD_PAIRS "sm80 forward: build the d256 warp-pair tile row (A/B runs)" OFF)
+if(FLASHCPP_SM80_FWD_PAIRS)
+  add_compile_definitions(FLASHCPP_SM80_FWD_PAIRS)
 endif()

@@ -320,6 +320,42 @@ def test_peer_ran_lines_name_cudnn_fp8s_output_type():
     assert "- cudnn_fp8: O written in e4m3" in md
 
 
+def test_table_has_ratios_for_flashcpp_env_variants():
+    c = case(D=256, N=1024)
+    rs = [R.Result("fa2", c, "fwd", R.OK, ms=2.0, max_err=1e-3),
+          R.Result("flashcpp", c, "fwd", R.OK, ms=2.2, max_err=1e-3),
+          R.Result("flashcpp[64x64_4w]", c, "fwd", R.OK, ms=1.6, max_err=1e-3)]
+    header, rows = R.table_rows(rs, ["fa2", "flashcpp", "flashcpp[64x64_4w]"])
+    assert header == ["case", "mode", "fa2", "flashcpp", "flashcpp[64x64_4w]", "flashcpp/fa2",
+                      "flashcpp[64x64_4w]/fa2"]
+    assert rows[0][5:] == ["0.91x", "1.25x"]
+
+
+def test_flashcpp_env_spec_and_peers():
+    import peers as P  # noqa: PLC0415
+    assert P.parse_flashcpp_env("FLASHCPP_X_D256=a,b") == ("FLASHCPP_X_D256", ["a", "b"])
+    for bad in ("FLASHCPP_X", "=a", "FLASHCPP_X=", "FLASHCPP X=a", "FLASHCPP_X=a,a"):
+        with pytest.raises(ValueError):
+            P.parse_flashcpp_env(bad)
+    peers = P.make_peers(["fa2", "flashcpp"], flashcpp_backend="cuda_sm80",
+                         flashcpp_env=("FLASHCPP_TEST_ENV_PEER", ["a", "b"]))
+    assert [p.name for p in peers] == ["fa2", "flashcpp", "flashcpp[a]", "flashcpp[b]"]
+    assert peers[2].backend == "cuda_sm80"
+    os.environ.pop("FLASHCPP_TEST_ENV_PEER", None)
+    with peers[3].context():
+        assert os.environ["FLASHCPP_TEST_ENV_PEER"] == "b"
+    assert "FLASHCPP_TEST_ENV_PEER" not in os.environ  # put back as it was: unset
+    os.environ["FLASHCPP_TEST_ENV_PEER"] = "x"
+    with peers[2].context():
+        assert os.environ["FLASHCPP_TEST_ENV_PEER"] == "a"
+    assert os.environ.pop("FLASHCPP_TEST_ENV_PEER") == "x"
+    a = SC.parse_args(["--impls", "fa2,flashcpp", "--flashcpp-env", "FLASHCPP_TEST_ENV_PEER=a,b"])
+    assert sorted(a.columns[:2]) == ["fa2", "flashcpp"]
+    assert a.columns[2:] == ["flashcpp[a]", "flashcpp[b]"]
+    with pytest.raises(SystemExit):
+        SC.parse_args(["--flashcpp-env", "FLASHCPP_TEST_ENV_PEER"])
+
+
 def test_table_without_flashcpp_has_no_ratio():
     rs = [r for r in fake_results() if r.impl != "flashcpp"]
     header, _ = R.table_rows(rs, ["cudnn", "fa2"])
