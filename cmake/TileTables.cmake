@@ -92,7 +92,7 @@ foreach(_d IN ITEMS 64 128 256)
                           "<width>[x<temps>], e.g. 32x2, or 0)")
     endif()
     set(_temps 2)
-    if(CMAKE_MATCH_3)
+    if(NOT "${CMAKE_MATCH_3}" STREQUAL "")  # (a bare if() would read an explicit x0 as unset)
       set(_temps ${CMAKE_MATCH_3})
     endif()
     add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_PV_CHUNK=${CMAKE_MATCH_1}

@@ -529,6 +529,7 @@ struct FwdMainloop {
                              Issue&& issue) const {
     using cute::TMA::CacheHintSm90;
     constexpr int kBoxes = kBlockN / kRows;
+    static_assert(kBoxes <= 32, "lane j of warp 0 issues box j: a key block has at most 32 boxes");
     const ForwardParams& p = params.kp.p;
     const PagedKV& pg = params.kp.paged;
     // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
