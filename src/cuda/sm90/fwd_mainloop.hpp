@@ -22,14 +22,18 @@
 // takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
 //
 // FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
-// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), and the
-// q and k descales of the tile's (sequence, kv head) scale the scores.
+// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), the
+// q and k descales of the tile's (sequence, kv head) scale the scores, and each key block's
+// P V is summed apart from O in chunks of Dv columns (fp8_pv_chunks.hpp): the first chunk
+// runs under the softmax of S_n, the others after it (with two temporaries, each while the
+// one before is added to O).
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fp8_pv_chunks.hpp"
 #include "cuda/sm90/fp8_pv_order.hpp"
 #include "cuda/sm90/fp8_vt_layout.hpp"
 #include "cuda/sm90/fwd_non_finite_v.hpp"
@@ -194,26 +198,47 @@ struct FwdMainloop {
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
-    // FP8 with Traits::kFp8PvPromote: each key block's P V goes into a fresh accumulator that
-    // is added to O in fp32 once complete. The e4m3 wgmma adds into its accumulator with only
-    // ~13 bits below the largest term, so an O carried across the whole row by the tensor
-    // cores stops taking small increments once it is ~2^8 times larger than them (long rows).
-    auto acc_pv = [&] {
-      if constexpr (Traits::kFp8PvPromote)
-        return partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+    // One key block's P V: pv_start issues it (inside the ping-pong turn); pv_finish waits for
+    // it, calls done() once the product no longer reads P's registers or the V stage, and
+    // leaves O = (O + P V), times each row's o_scale with rescale (true_type). FP8 with
+    // Traits::kPvChunk: summed apart from O in chunks of Dv columns and added to O in fp32
+    // (fp8_pv_chunks.hpp: the FP8 adder of the tensor cores would drop small terms from an O
+    // carried along a long row); otherwise O is the tensor cores' accumulator.
+    constexpr bool kChunked = Traits::kPvChunk > 0;
+    auto chunks = [&] {
+      if constexpr (kChunked)
+        return Fp8PvChunks<Traits>{};
       else
         return 0;
     }();
-    auto pv = [&](auto& p_operand, const auto& v_operand) {
-      if constexpr (Traits::kFp8PvPromote)
-        wgmma<true>(mma_pv, p_operand, v_operand, acc_pv);
+    auto tOrVChunks = [&] {
+      if constexpr (kChunked)
+        return chunks.b_fragments(tid, sVt);  // (1, chunk, kBlockN/32, stages)
       else
-        wgmma<false>(mma_pv, p_operand, v_operand, acc_o);
+        return 0;
+    }();
+    // The wgmma commit groups pv_start leaves pending.
+    constexpr int kPvGroups = [] {
+      if constexpr (kChunked)
+        return Fp8PvChunks<Traits>::kGroupsInFlight;
+      else
+        return 1;
+    }();
+    auto pv_start = [&](auto& p_operand, int stage) {
+      if constexpr (kChunked)
+        chunks.start(p_operand, tOrVChunks, stage);
+      else
+        wgmma<false>(mma_pv, p_operand, tOrV(_, _, _, stage), acc_o);
     };
-    auto fold_pv = [&] {  // after the block's P V has completed
-      if constexpr (Traits::kFp8PvPromote) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_o); ++i) acc_o(i) += acc_pv(i);
+    auto pv_finish = [&](auto rescale, auto& p_operand, int stage, const auto& o_scale,
+                         auto&& done) {
+      if constexpr (kChunked) {
+        chunks.template finish<decltype(rescale)::value>(p_operand, tOrVChunks, stage, o_rc,
+                                                         o_scale, done);
+      } else {
+        warpgroup_wait<0>();
+        done();
+        if constexpr (decltype(rescale)::value) Softmax<kRows>::rescale_o(o_rc, o_scale);
       }
     };
     const int m0 = m_block * kBlockM;
@@ -268,16 +293,29 @@ struct FwdMainloop {
     using NonFiniteV = FwdNonFiniteV<Traits>;
 
     PipelineState k_state = state, v_state = state;
+    auto release_v = [&] {
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+    };
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
     // ---- first block: S, softmax, P (nothing to overlap with yet) ----
     int n = range.end - 1;
     Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
+    // S = Q K_stage^T. FP8: descriptors recomputed at each issue (opaque_descriptors, wgmma.hpp).
+    auto qk = [&](int stage) {
+      if constexpr (Traits::kFp8) {
+        Tensor q = opaque_descriptors(tSrQ);
+        wgmma<true>(mma_qk, q, opaque_descriptors(tSrK(_, _, _, stage)), acc_s);
+      } else {
+        wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
+      }
+    };
     float o_scale[kRows];
     pipeline_k.consumer_wait(k_state);
     turn_begin();
-    wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+    qk(k_state.index());
     turn_end();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_state);
@@ -286,6 +324,13 @@ struct FwdMainloop {
     softmax.step(s_rc, scale_log2, o_scale);
     Tensor p_regs = first_p(acc_s, mma_pv);
     Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
+    // Chunked FP8: the next block's P, packed while the chunks of this one still read p_regs.
+    auto p_next = [&] {
+      if constexpr (kChunked)
+        return make_fragment_like(p_regs);
+      else
+        return 0;
+    }();
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
     // so they are zeroed before the block's P V (padded calls load zeros there): by the V
@@ -297,13 +342,13 @@ struct FwdMainloop {
     for (--n; n >= range.begin; --n) {
       pipeline_k.consumer_wait(k_state);
       turn_begin();
-      wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      qk(k_state.index());
       pipeline_v.consumer_wait(v_state);
       if constexpr (Traits::kScanV)
         if (block_is_cut(n + 1, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
-      pv(tOrP, tOrV(_, _, _, v_state.index()));
+      pv_start(tOrP, v_state.index());
       turn_end();
-      warpgroup_wait<1>();  // S_n done; P V still running
+      warpgroup_wait<kPvGroups>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
       score_mod(acc_s, n);
@@ -319,17 +364,25 @@ struct FwdMainloop {
           }
         }
       }
-      warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
-      pipeline_v.consumer_release(v_state);
-      ++v_state;
-      fold_pv();
-      Softmax<kRows>::rescale_o(o_rc, o_scale);
-      if constexpr (Traits::kFp8) {
-        pack_p_fp8(acc_s, p_regs);
-      } else {
-        Tensor p_next = convert_fragment<Element>(acc_s);
+      // P_{n+1} V_{n+1} done and in O, O rescaled: the V stage and P's registers are free.
+      if constexpr (kChunked) {
+        // P_n packed first, into p_next (the chunks still read p_regs): S's fp32 registers
+        // are then free while the chunks are added to O.
+        pack_p_fp8(acc_s, p_next);
+        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        Tensor from = recast<std::uint32_t>(p_next);
+        Tensor to = recast<std::uint32_t>(p_regs);
         CUTE_UNROLL
-        for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+        for (int i = 0; i < size(to); ++i) to(i) = from(i);
+      } else {
+        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        if constexpr (Traits::kFp8) {
+          pack_p_fp8(acc_s, p_regs);
+        } else {
+          Tensor p_converted = convert_fragment<Element>(acc_s);
+          CUTE_UNROLL
+          for (int i = 0; i < size(p_converted); ++i) p_regs(i) = p_converted(i);
+        }
       }
     }
 
@@ -341,25 +394,26 @@ struct FwdMainloop {
     if constexpr (Traits::kScanV)
       if (block_is_cut(range.begin, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
     turn_begin();
-    pv(tOrP, tOrV(_, _, _, v_state.index()));
+    pv_start(tOrP, v_state.index());
     turn_end();
-    warpgroup_wait<0>();
-    if constexpr (Traits::kScanV) {
-      if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
-        if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
-                ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r)
-            if (rows >> r & 1) {
-              CUTE_UNROLL
-              for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
-            }
+    // The last block's rows that see a flagged key are NaN once its P V is in O (read before
+    // the stage, and its flag, are released).
+    pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) {
+                CUTE_UNROLL
+                for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+              }
+          }
         }
       }
-    }
-    pipeline_v.consumer_release(v_state);
-    ++v_state;
-    fold_pv();
+      release_v();
+    });
     state = v_state;  // == k_state: every block's K and V consumed
   }
 
@@ -511,6 +565,7 @@ struct FwdMainloop {
                              Issue&& issue) const {
     using cute::TMA::CacheHintSm90;
     constexpr int kBoxes = kBlockN / kRows;
+    static_assert(kBoxes <= 32, "lane j of warp 0 issues box j: a key block has at most 32 boxes");
     const ForwardParams& p = params.kp.p;
     const PagedKV& pg = params.kp.paged;
     // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
