@@ -169,6 +169,7 @@ struct BwdMainloop {
         zero_rows_and_sync(mask.seqlen_k - n0, tid, Traits::kConsumerThreads,
                            NamedBarrier::kBwdKvTail, sK, sV);
       }
+      BwdNonFinite<Traits>::kv_tail_zeroed(ss);  // (the scanners read K after it)
     }
     if constexpr (Traits::kKVInRegisters) {
       // This warpgroup's K and V rows as register A operands, for the whole loop.
@@ -181,15 +182,10 @@ struct BwdMainloop {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         pipeline_q.consumer_wait(state);
-        // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
-        // warpgroups write the same zeros; each waits for its own before its products).
+        // Varlen: the scanners zero the Q and dO rows past the sequence's end in the stage
+        // (bwd_non_finite.hpp); a tile with such rows waits for them before its products.
         if constexpr (Traits::kVarlen) {
-          if (m0 + kBlockM > mask.seqlen_q) {
-            pipeline_do.consumer_wait(state);
-            zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
-                               NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
-                               sdO(_, _, state.index()));
-          }
+          if (m0 + kBlockM > mask.seqlen_q) BwdNonFinite<Traits>::wait_clean(ss, state);
         }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
         pipeline_do.consumer_wait(state);

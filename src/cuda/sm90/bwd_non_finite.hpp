@@ -36,6 +36,7 @@
 
 #include "common/mask.hpp"
 #include "cuda/common/non_finite_rows.hpp"
+#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -43,6 +44,7 @@ namespace flashcpp::detail::cuda::sm90 {
 template <int kStages>
 struct BwdNonFiniteStorage {
   alignas(8) std::uint64_t k_clean;             // K's NaN chunks zeroed (both scanners)
+  alignas(8) std::uint64_t kv_tail;             // varlen: K's rows past the end zeroed (consumers)
   alignas(8) std::uint64_t clean[kStages];      // a ring stage's Q and dO cleaned (both)
   std::uint32_t do_zeroed[kStages];             // ... its dO had a non-finite chunk
 };
@@ -59,6 +61,7 @@ struct BwdNonFinite {
   __device__ static void init(SharedStorage& ss) {
     auto& st = ss.non_finite;
     cutlass::arch::ClusterBarrier::init(&st.k_clean, 2);
+    cutlass::arch::ClusterBarrier::init(&st.kv_tail, Traits::kConsumerThreads);
     for (int s = 0; s < kStages; ++s) cutlass::arch::ClusterBarrier::init(&st.clean[s], 2);
   }
 
@@ -74,6 +77,13 @@ struct BwdNonFinite {
     cutlass::arch::ClusterBarrier::wait(&st.clean[state.index()], state.phase());
     cutlass::arch::ClusterBarrier::wait(&st.k_clean, 0);
     return st.do_zeroed[state.index()] != 0;
+  }
+
+  // Varlen, every consumer thread once its share of the zeros of the K and V rows past the
+  // sequence's end is written (or at once where there are none): the scanners' K scan reads
+  // those rows after it. (Each writer arrives itself: its own writes are what it publishes.)
+  __device__ static void kv_tail_zeroed(SharedStorage& ss) {
+    cutlass::arch::ClusterBarrier::arrive(&ss.non_finite.kv_tail);
   }
 
   // ---- scanners ----
@@ -133,6 +143,7 @@ struct BwdNonFinite {
       constexpr int kKChunks = int(cute::cosize_v<typename Traits::SmemLayoutK>) / 8;
       static_assert(kKChunks % 128 == 0);
       cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+      if constexpr (Traits::kVarlen) cutlass::arch::ClusterBarrier::wait(&st.kv_tail, 0);
       zero_chunks<true>(ss.k.data(), q_side ? 0 : kKChunks / 2,
                         q_side ? kKChunks / 2 : kKChunks, lane);
     }
@@ -149,8 +160,28 @@ struct BwdNonFinite {
         ss.pipeline_q.full_barrier_[stage].wait(state.phase());
       else
         ss.pipeline_do.full_barrier_[stage].wait(state.phase());
-      // (The consumers start on the stage meanwhile: S^T and dP^T may read the chunks being
-      // zeroed, above.)
+      // Varlen: the stage's rows past the sequence's end (the next sequence's queries) are
+      // zeroed here, before the scan; the consumers wait for the clean barrier on such a tile
+      // before they start on it (zero_rows.hpp).
+      bool tail = false;
+      if constexpr (Traits::kVarlen) {
+        const int rows = mask.seqlen_q - m * Traits::kBlockM;
+        if (rows < Traits::kBlockM) {
+          tail = true;
+          using namespace cute;
+          if (q_side) {
+            Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+            zero_rows(sQ(_, _, stage), rows, lane, 32);
+          } else {
+            Tensor sdO =
+                make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutDo{});
+            zero_rows(sdO(_, _, stage), rows, lane, 32);
+          }
+          __syncwarp();
+        }
+      }
+      // (On a tile without such rows the consumers start on the stage meanwhile: S^T and dP^T
+      // may read the chunks being zeroed, above.)
       if (m < begin || m >= end) {
         if (q_side) {
           zero_chunks<false>(ss.q.data() + stage * kQChunks * 8, 0, kQChunks, lane);
@@ -159,6 +190,8 @@ struct BwdNonFinite {
               zero_chunks<false>(ss.dout.data() + stage * kDoChunks * 8, 0, kDoChunks, lane);
           if (lane == 0) st.do_zeroed[stage] = zeroed;
         }
+        arrive_after_fence(&st.clean[stage]);
+      } else if (tail) {
         arrive_after_fence(&st.clean[stage]);
       } else if (lane == 0) {
         cutlass::arch::ClusterBarrier::arrive(&st.clean[stage]);

@@ -91,7 +91,7 @@ struct FwdNonFiniteV {
     if (warp != 1) {
 #pragma unroll 1
       for (;;) {
-        named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
+        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
         const int stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
         if (stage < 0) return;
         scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
@@ -130,7 +130,7 @@ struct FwdNonFiniteV {
       if (cut != 0) {
         if (lane == 0) ss.v_scan_stage = cut < 0 ? -1 : stage;  // read after the barrier
         __syncwarp();
-        named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
+        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
         if (cut < 0) return;
         const bool flagged = scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
         if (lane == 0) ss.v_flagged[stage] = flagged;
@@ -191,7 +191,7 @@ struct FwdNonFiniteV {
         zero_rows(sV(_, _, stage), tail, t, kScanThreads);
         cutlass::arch::fence_view_async_shared();
         __syncwarp();
-        named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
+        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
       }
     }
     const std::uint32_t tile =
@@ -212,22 +212,25 @@ struct FwdNonFiniteV {
       for (int j = 0; j < kBatch; ++j) lanes |= non_finite_lanes<Element>(chunk[j]);
     }
     __syncwarp();
-    const bool flagged = named_barrier_or(NamedBarrier::kFwdVScan, kScanThreads, lanes != 0);
-    if (flagged) zero_and_flag_rows(ss, stage);  // (the same branch in every thread)
+    const bool flagged =
+        named_barrier_or_unaligned(NamedBarrier::kFwdVScan, kScanThreads, lanes != 0);
+    // (the same branch in every thread of warp 1; warps 2 and 3 go back to waiting)
+    if (flagged && t < 32) zero_and_flag_rows(ss, stage);
     return flagged;
   }
 
-  // The rare path of the scan: zeroes the stage's non-finite chunks and writes its key bits.
-  // Lane l of a warp owns key row 32 w + l of the words w it takes: the 128-byte swizzle puts
-  // the same chunk of 8 consecutive rows in 8 different bank groups, and a ballot gives each
-  // word without shared-memory atomics. The zeros are read by wgmma (async proxy): fenced,
-  // then a barrier orders them before warp 1's arrival on v_scanned.
+  // The rare path of the scan, by warp 1 alone (the warp that then publishes the verdict, so
+  // the key bits are its own lane 0's writes): zeroes the stage's non-finite chunks and writes
+  // its key bits. Lane l owns key row 32 w + l of word w: the 128-byte swizzle puts the same
+  // chunk of 8 consecutive rows in 8 different bank groups, and a ballot gives each word
+  // without shared-memory atomics. The zeros are read by wgmma (async proxy): fenced before
+  // warp 1's arrival on v_scanned.
   __device__ static void zero_and_flag_rows(SharedStorage& ss, int stage) {
     using namespace cute;
-    const int warp = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
+    const int lane = threadIdx.x % 32;
     Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
 #pragma unroll 1
-    for (int w = warp; w < kWords; w += kScanWarps) {
+    for (int w = 0; w < kWords; ++w) {
       const int row = 32 * w + lane;
       bool bad = false;
       if (row < kBlockN) {
@@ -246,7 +249,6 @@ struct FwdNonFiniteV {
     }
     cutlass::arch::fence_view_async_shared();
     __syncwarp();
-    named_barrier_sync(NamedBarrier::kFwdVScan, kScanThreads);
   }
 };
 

@@ -47,12 +47,32 @@ __forceinline__ __device__ void named_barrier_arrive(NamedBarrier id, int thread
   asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }
 
+// barrier.sync without .aligned: for warps whose lanes may reach it apart (a lane that waited
+// on an mbarrier alone, then the warp's other lanes), which bar.sync (= barrier.sync.aligned)
+// does not allow.
+__forceinline__ __device__ void named_barrier_sync_unaligned(NamedBarrier id, int threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
 // bar.sync that also ORs `pred` over the participating threads: true for all of them if it
 // was true for any.
 __forceinline__ __device__ bool named_barrier_or(NamedBarrier id, int threads, bool pred) {
   std::uint32_t any;
   asm volatile(
       "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"(std::uint32_t(pred)), "r"(static_cast<int>(id)), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// named_barrier_or without .aligned (see named_barrier_sync_unaligned).
+__forceinline__ __device__ bool named_barrier_or_unaligned(NamedBarrier id, int threads,
+                                                           bool pred) {
+  std::uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
       " selp.u32 %0, 1, 0, q;\n}"
       : "=r"(any)
       : "r"(std::uint32_t(pred)), "r"(static_cast<int>(id)), "r"(threads)
