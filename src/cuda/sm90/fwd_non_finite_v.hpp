@@ -85,56 +85,16 @@ struct FwdNonFiniteV {
   }
 
   // Warps 1..kScanWarps of the CTA. Warp 1 follows the ring; the others wait for a cut stage.
+  // Every barrier of the scan is reached from one place in the code by all three warps.
   // window_left / window_right: the call's (the tiles' masks).
   __device__ static void scanner(SharedStorage& ss, int window_left, int window_right) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp != 1) {
-#pragma unroll 1
-      for (;;) {
-        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
-        const int stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
-        if (stage < 0) return;
-        scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
-      }
-    }
-    // Lane 0's walk: the V stage and phase, the tile's ring slot, its blocks left and the
-    // next one, its unmasked band.
+    // Warp 1, lane 0's walk: the V stage and phase, the tile's ring slot, its blocks left and
+    // the next one, its unmasked band.
     int stage = 0, slot = 0, left = 0, n = 0, seqlen_k = 0;
     BlockRange band{0, 0};
     std::uint32_t phase = 0;
-#pragma unroll 1
-    for (;;) {
-      int cut = 0;
-      if (lane == 0) {
-        ss.pipeline_v.full_barrier_[stage].wait(phase);
-        if (left == 0) {  // (the entry was written before this load's arrival)
-          const volatile int* const e = &ss.v_scan_tiles[slot].begin;
-          const int end = e[1];
-          n = end - 1;
-          left = end - e[0];
-          seqlen_k = e[4];
-          band = WindowMask(e[3], seqlen_k, window_left, window_right)
-                     .unmasked_blocks(e[2], Traits::kBlockM, kBlockN);
-          slot = slot + 1 == kTileSlots ? 0 : slot + 1;
-          if (end < 0) cut = -1;
-        }
-        if (cut == 0) {
-          cut = block_is_cut(n, band);
-          // (read after the barrier below; >= kBlockN: no key of the block is past the end)
-          ss.v_scan_tail = seqlen_k - n * kBlockN;
-          --n;
-        }
-        --left;
-      }
-      cut = __shfl_sync(0xffffffffu, cut, 0);
-      if (cut != 0) {
-        if (lane == 0) ss.v_scan_stage = cut < 0 ? -1 : stage;  // read after the barrier
-        __syncwarp();
-        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
-        if (cut < 0) return;
-        const bool flagged = scan(ss, stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
-        if (lane == 0) ss.v_flagged[stage] = flagged;
-      }
+    auto release_stage = [&] {  // warp 1: the stage's scan (if any) done
       // (release: the verdict, and the rare path's zeros and bits, ordered before it)
       if (lane == 0) {
         cutlass::arch::ClusterBarrier::arrive(&ss.v_scanned[stage]);
@@ -143,6 +103,51 @@ struct FwdNonFiniteV {
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;
+      }
+    };
+#pragma unroll 1
+    for (;;) {
+      if (warp == 1) {
+        // Passes the stages the mask does not cut on at once, up to a cut one or the end.
+        int cut = 0;
+#pragma unroll 1
+        for (;;) {
+          if (lane == 0) {
+            ss.pipeline_v.full_barrier_[stage].wait(phase);
+            if (left == 0) {  // (the entry was written before this load's arrival)
+              const volatile int* const e = &ss.v_scan_tiles[slot].begin;
+              const int end = e[1];
+              n = end - 1;
+              left = end - e[0];
+              seqlen_k = e[4];
+              band = WindowMask(e[3], seqlen_k, window_left, window_right)
+                         .unmasked_blocks(e[2], Traits::kBlockM, kBlockN);
+              slot = slot + 1 == kTileSlots ? 0 : slot + 1;
+              if (end < 0) cut = -1;
+            }
+            if (cut == 0) {
+              cut = block_is_cut(n, band);
+              // (read after the barrier below; >= kBlockN: no key of the block is past the end)
+              ss.v_scan_tail = seqlen_k - n * kBlockN;
+              --n;
+            }
+            --left;
+          }
+          cut = __shfl_sync(0xffffffffu, cut, 0);
+          if (cut != 0) break;
+          release_stage();
+        }
+        if (lane == 0) ss.v_scan_stage = cut < 0 ? -1 : stage;  // read after the barrier
+        __syncwarp();
+      }
+      named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
+      const int scan_stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
+      if (scan_stage < 0) return;
+      const bool flagged =
+          scan(ss, scan_stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
+      if (warp == 1) {
+        if (lane == 0) ss.v_flagged[stage] = flagged;
+        release_stage();
       }
     }
   }
