@@ -139,6 +139,19 @@ struct BwdNonFinite {
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(barrier);
     };
+    // The consumers wait on a stage's clean barrier for the tiles they need it for only; lane
+    // 0 waits on the stage's previous phase (long complete) before each arrival, so no phase
+    // goes unwaited for (compute-sanitizer synccheck's "missing wait").
+    auto arrive_clean = [&](int stage, std::uint32_t phase, bool fence) {
+      if (fence) {
+        cutlass::arch::fence_view_async_shared();
+        __syncwarp();
+      }
+      if (lane == 0) {
+        cutlass::arch::ClusterBarrier::wait(&st.clean[stage], phase ^ 1);
+        cutlass::arch::ClusterBarrier::arrive(&st.clean[stage]);
+      }
+    };
     if (any_cut) {  // K: each scanner half of it
       constexpr int kKChunks = int(cute::cosize_v<typename Traits::SmemLayoutK>) / 8;
       static_assert(kKChunks % 128 == 0);
@@ -190,11 +203,9 @@ struct BwdNonFinite {
               zero_chunks<false>(ss.dout.data() + stage * kDoChunks * 8, 0, kDoChunks, lane);
           if (lane == 0) st.do_zeroed[stage] = zeroed;
         }
-        arrive_after_fence(&st.clean[stage]);
-      } else if (tail) {
-        arrive_after_fence(&st.clean[stage]);
-      } else if (lane == 0) {
-        cutlass::arch::ClusterBarrier::arrive(&st.clean[stage]);
+        arrive_clean(stage, state.phase(), true);
+      } else {
+        arrive_clean(stage, state.phase(), tail);
       }
       if (lane == 0) {  // done with the stage (the clean arrival above is ordered before)
         if (q_side)

@@ -97,6 +97,9 @@ struct FwdNonFiniteV {
     auto release_stage = [&] {  // warp 1: the stage's scan (if any) done
       // (release: the verdict, and the rare path's zeros and bits, ordered before it)
       if (lane == 0) {
+        // The consumers wait on v_scanned for the cut blocks only: the stage's previous phase
+        // (long complete) is waited on here, so no phase goes unwaited for (synccheck).
+        cutlass::arch::ClusterBarrier::wait(&ss.v_scanned[stage], phase ^ 1);
         cutlass::arch::ClusterBarrier::arrive(&ss.v_scanned[stage]);
         ss.pipeline_v.empty_barrier_[stage].arrive();
       }
