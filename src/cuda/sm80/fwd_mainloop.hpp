@@ -2,13 +2,18 @@
 // The sm80 forward mainloop (FlashAttention-2 schedule) for one query tile: stream K and V
 // tiles through shared memory with cp.async, S = Q K^T and O += P V on mma.sync, online
 // softmax in registers. The key blocks that need the seqlen_k / diagonal / window mask run
-// first, then the unmasked band with no mask code at all.
+// first, then the unmasked band with no mask code at all. In the masked blocks only, a
+// non-finite V is kept from the rows that do not see it (fwd_non_finite_v.hpp).
+#include <cmath>
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "cuda/common/fwd_kernel_params.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm80/fwd_non_finite_v.hpp"
 #include "cuda/sm80/softmax.hpp"
 #include "cuda/sm80/gemm.hpp"
 #include "cuda/sm80/paged_tile_loader.hpp"
@@ -190,6 +195,17 @@ struct FwdMainloop {
     // One buffer, two barriers per block: the V load of block i is issued before S_i, the K
     // load of block i + 1 right after S_i is consumed by every warp; each hides behind one
     // product (the softmax waits for V_i).
+    // Masked blocks: a barrier votes on whether some thread's V_i chunks are not finite (two
+    // buffers: the barrier after V_i's wait; one buffer: a barrier of its own once P is
+    // packed); if so, the rare path zeroes them and flags their keys, and the P rows that see
+    // one are made NaN before O += P V (fwd_non_finite_v.hpp).
+    using NonFiniteV = FwdNonFiniteV<Traits>;
+    auto masked_v_barrier = [&](int b) {
+      auto tVsV_b = buf(tVsV, b);
+      const bool flagged = __syncthreads_or(NonFiniteV::any_in_own_chunks(tVsV_b));
+      if (flagged) NonFiniteV::zero_and_flag(tVsV_b, tid);
+      return flagged;
+    };
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const int n = block_at(i);
@@ -197,7 +213,12 @@ struct FwdMainloop {
       Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       cp_async_wait<0>();  // K_i (V_i with two buffers; Q) of this thread landed
-      __syncthreads();     // ... of every thread; the buffers step i - 1 read are free
+      // ... of every thread; the buffers step i - 1 read are free
+      bool v_flagged = false;  // (masked blocks: V_i held a non-finite value)
+      if constexpr (kMasked && kKVStages == 2)
+        v_flagged = masked_v_barrier(b);
+      else
+        __syncthreads();
       if constexpr (kKVStages == 2) {
         if (i + 1 < n_total) {
           load_k(block_at(i + 1), b ^ 1);
@@ -256,11 +277,25 @@ struct FwdMainloop {
       } else if (run) {
         softmax.template update<kMasked>(s_rc, o_rc, kp.scale_log2);
       }
+      // One buffer: the vote is a barrier of its own, here where S is about to be packed into
+      // P (at V_i's barrier, with S and O live, the check's registers raised the spills at d128
+      // from 40 B to 216 B). Every warp takes it, also one that skips this block.
+      if constexpr (kMasked && kKVStages == 1) v_flagged = masked_v_barrier(0);
+      // P rows that see a flagged key of V_i become NaN before O += P V.
+      auto poison_if_flagged = [&](auto& p_regs) {
+        if constexpr (kMasked) {
+          if (v_flagged) {
+            Tensor p_rc = make_tensor(p_regs.data(), acc_rowcol(p_regs.layout()));
+            NonFiniteV::poison_p_rows(p_rc, s_coords(), mask, m0, n * kBlockN);
+          }
+        }
+      };
       if constexpr (Traits::kWarpsN == 2) {
         // This warp's half of P as A-operand k16 slices, in the register order of one slice
         // after another (the order of a whole-P fragment); the pair's two halves side by side
         // are that fragment.
         Tensor p_regs = convert_fragment<Element>(acc_s);
+        poison_if_flagged(p_regs);
         Tensor p_half = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
         constexpr int kM = decltype(size<1>(p_half))::value;
         constexpr int kHalfK = decltype(size<2>(p_half))::value;
@@ -287,6 +322,7 @@ struct FwdMainloop {
         gemm_reg_smem(mma_o, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);
       } else if (run) {
         Tensor p_regs = convert_fragment<Element>(acc_s);
+        poison_if_flagged(p_regs);
         Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand(p_regs.layout()));
         auto tOsVt_b = buf(tOsVt, b);
         gemm_reg_smem(mma_o, acc_o, tOrP, tOrVt, tOsVt_b, smem_copy_v, smem_thr_v);

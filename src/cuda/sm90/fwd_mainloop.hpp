@@ -36,11 +36,11 @@
 #include "cuda/sm90/fp8_pv_chunks.hpp"
 #include "cuda/sm90/fp8_pv_order.hpp"
 #include "cuda/sm90/fp8_vt_layout.hpp"
+#include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 #include "cuda/sm90/wgmma.hpp"
-#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -74,6 +74,8 @@ struct FwdMainloop {
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
   // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
+  // The V of a key block the mask cuts is scanned for NaN/Inf before the consumers use it
+  // (fwd_non_finite_v.hpp).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
                        int head, int batch, BlockRange range, int work, PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
@@ -95,6 +97,9 @@ struct FwdMainloop {
     // pipelines' arrivals: their is_leader).
     using cute::TMA::CacheHintSm90;
     const bool leader = !Traits::kPaged || threadIdx.x == 0;
+    if constexpr (Traits::kScanV)
+      if (leader)
+        FwdNonFiniteV<Traits>::publish_tile(ss, work, range, m_block, seq.seqlen_q, seq.seqlen_k);
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
@@ -284,6 +289,9 @@ struct FwdMainloop {
                                      : NamedBarrier::kWarpScheduler0, 256);
     };
 
+    // Rows that see a non-finite V in a cut block get NaN (fwd_non_finite_v.hpp).
+    using NonFiniteV = FwdNonFiniteV<Traits>;
+
     PipelineState k_state = state, v_state = state;
     auto release_v = [&] {
       pipeline_v.consumer_release(v_state);
@@ -325,14 +333,10 @@ struct FwdMainloop {
     }();
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
-    // so they are zeroed before the block's P V (padded calls load zeros there). FP8: the
-    // pre-pass wrote zeros there.
-    if constexpr (Traits::kVarlen && !Traits::kFp8) {
-      if ((n + 1) * kBlockN > seq.seqlen_k) {
-        pipeline_v.consumer_wait(v_state);
-        zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
-      }
-    }
+    // so they are zeroed before the block's P V (padded calls load zeros there): by the V
+    // scan, since such a block is cut (fwd_non_finite_v.hpp). FP8: the pre-pass wrote zeros
+    // there.
+    static_assert(Traits::kScanV || Traits::kFp8, "the V scan zeroes the varlen tail rows");
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
@@ -340,6 +344,8 @@ struct FwdMainloop {
       turn_begin();
       qk(k_state.index());
       pipeline_v.consumer_wait(v_state);
+      if constexpr (Traits::kScanV)
+        if (block_is_cut(n + 1, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
       pv_start(tOrP, v_state.index());
       turn_end();
       warpgroup_wait<kPvGroups>();  // S_n done; P V still running
@@ -347,6 +353,17 @@ struct FwdMainloop {
       ++k_state;
       score_mod(acc_s, n);
       softmax.step(s_rc, scale_log2, o_scale);
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(n + 1, unmasked) && ss.v_flagged[v_state.index()]) {
+          // A NaN rescale makes the whole O row NaN from here on.
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) o_scale[r] = NAN;
+          }
+        }
+      }
       // P_{n+1} V_{n+1} done and in O, O rescaled: the V stage and P's registers are free.
       if constexpr (kChunked) {
         // P_n packed first, into p_next (the chunks still read p_regs): S's fp32 registers
@@ -374,10 +391,29 @@ struct FwdMainloop {
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
+    if constexpr (Traits::kScanV)
+      if (block_is_cut(range.begin, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
     turn_begin();
     pv_start(tOrP, v_state.index());
     turn_end();
-    pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, release_v);
+    // The last block's rows that see a flagged key are NaN once its P V is in O (read before
+    // the stage, and its flag, are released).
+    pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) {
+                CUTE_UNROLL
+                for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+              }
+          }
+        }
+      }
+      release_v();
+    });
     state = v_state;  // == k_state: every block's K and V consumed
   }
 
@@ -582,15 +618,6 @@ struct FwdMainloop {
       ++state;
     };
     issue(load_k, load_v);
-  }
-
-  // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
-  // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
-  // its own threads' writes done before its product reads them.
-  __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    zero_rows_and_sync(first_row, tid % 128, 128, NamedBarrier::kFwdVTail0 + tid / 128,
-                       sV(_, _, stage));
   }
 };
 

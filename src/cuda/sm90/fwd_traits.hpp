@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/mask.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
@@ -204,6 +205,15 @@ struct FwdTraits {
   static constexpr std::uint32_t kKStageBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
+  // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
+  // producer warpgroup (one more consumer thread of the V pipeline), one bit per key row of a
+  // stage. Not for FP8, whose V stage holds V^T from the pre-pass (a scan of key rows would
+  // read columns).
+  static constexpr bool kScanV = !kFp8;
+  static constexpr int kScanThreads = 96;
+  static constexpr int kVKeyWords = (kBlockN + 31) / 32;
+  static constexpr int kScanTileSlots = kStages + 1;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -234,6 +244,18 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
+    // The V scan of the cut blocks (fwd_non_finite_v.hpp): the producer's ring of tiles (key
+    // blocks [begin, end), query block, sequence lengths); per V stage, the scan done (warp 1
+    // arrives), whether it found a non-finite value and (valid only then) the key bits; the
+    // stage warps 2-3 scan and its first row past the sequence's keys.
+    struct ScanTile {
+      int begin, end, m_block, seqlen_q, seqlen_k;
+    };
+    ScanTile v_scan_tiles[kScanTileSlots];
+    alignas(8) std::uint64_t v_scanned[kStages];
+    int v_flagged[kStages];
+    std::uint32_t v_bad_keys[kStages][kVKeyWords];
+    int v_scan_stage, v_scan_tail;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
