@@ -54,20 +54,8 @@ __forceinline__ __device__ void named_barrier_sync_unaligned(NamedBarrier id, in
   asm volatile("barrier.sync %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }
 
-// bar.sync that also ORs `pred` over the participating threads: true for all of them if it
-// was true for any.
-__forceinline__ __device__ bool named_barrier_or(NamedBarrier id, int threads, bool pred) {
-  std::uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(any)
-      : "r"(std::uint32_t(pred)), "r"(static_cast<int>(id)), "r"(threads)
-      : "memory");
-  return any != 0;
-}
-
-// named_barrier_or without .aligned (see named_barrier_sync_unaligned).
+// barrier.sync that also ORs `pred` over the participating threads: true for all of them if it
+// was true for any. Without .aligned, as named_barrier_sync_unaligned.
 __forceinline__ __device__ bool named_barrier_or_unaligned(NamedBarrier id, int threads,
                                                            bool pred) {
   std::uint32_t any;
