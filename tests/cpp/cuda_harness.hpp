@@ -553,6 +553,8 @@ struct BwdCase : CaseBase {
   std::int64_t workspace_shortfall = 0;  // give this many bytes less than asked for
   std::int64_t workspace_misalign = 0;   // start the workspace this many bytes past alignment
   std::uint64_t seed = 3;
+  // Elements of k (logical index) set to these values after the random fill (NaN, Inf).
+  std::vector<std::pair<std::int64_t, float>> k_values;
 };
 
 inline std::string describe(const BwdCase& c) {
@@ -576,6 +578,7 @@ inline void run_case(const BwdCase& c, BwdResult& r, int repeats = 1) {
   const std::int64_t nv = g.v.elements(), no = g.o.elements();
   std::vector<float> q(nq), k(nk), v(nv), dout(no), out(no), lse(nl);
   fill_rounded(c.dtype, c.seed, {&q, &k, &v, &dout});
+  for (const auto& [i, x] : c.k_values) k[i] = x;
   AttentionOptions opt = options_of(c);
   opt.deterministic = c.deterministic;
   reference_forward(g, opt, q, k, v, out, lse);

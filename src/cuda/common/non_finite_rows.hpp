@@ -30,6 +30,16 @@ __device__ __forceinline__ std::uint32_t non_finite_lanes(uint4 c) {
   return t & 0x80008000u;
 }
 
+// A word of two 16-bit values with the non-finite ones replaced by 0 (same test).
+template <class Element>
+__device__ __forceinline__ std::uint32_t finite_or_zero(std::uint32_t w) {
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kBias = kHalf ? 0x04000400u : 0x00800080u;
+  const std::uint32_t lanes = ((w & 0x7fff7fffu) + kBias) & 0x80008000u;
+  return w & ~((lanes >> 15) * 0xffffu);  // bits 0 and 16 -> 0xffff in their halves
+}
+
 template <class Element>
 __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   return non_finite_lanes<Element>(c) != 0;

@@ -72,10 +72,10 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
     s_dp_products<Tr>(sm);
     __syncthreads();
     p_ds<Tr, false>(kp, mask, m0, n0, sq, sm);
-    // A block the mask cuts: K's NaN chunks would reach the rows that do not see them
+    // A block the mask cuts: K's NaN and Inf chunks would reach the rows that do not see them
     // through dS = 0 (bwd_non_finite.hpp); zeroed after S, before dQ += dS K.
     if (!mask.tile_unmasked(m_block, BM, n_block, BN))
-      OwnChunks<void, BN, kHeadDim, Tr::kThreads, Tr::kLd>::template zero<true>(sm.k);
+      OwnChunks<void, BN, kHeadDim, Tr::kThreads, Tr::kLd>::template zero<false>(sm.k);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < Tr::kDqTilesPerWarp; ++c) {

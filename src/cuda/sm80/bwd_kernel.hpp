@@ -169,13 +169,18 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
   // Some step is cut (the cut blocks lie at the ends of m_range): K's NaN chunks are zeroed
-  // before the first one (bwd_non_finite.hpp); the loop's first barrier publishes the zeros.
+  // before the first one, and whether K holds Inf is voted on (bwd_non_finite.hpp); the loop's
+  // first barrier publishes the zeros.
   using KChunks = OwnChunks<KTile, BN, Tr::kHeadDim, Tr::kThreads>;
+  bool k_inf = false;  // uniform: the cut steps' dQ reads K's Inf as 0
   if (n_steps > 0 && (!mask.tile_unmasked(m_range.begin, BM, n_block, BN) ||
                       !mask.tile_unmasked(m_range.end - 1, BM, n_block, BN))) {
     cp_async_wait<1>();  // K and V landed
     __syncthreads();     // ... for every thread
-    if (__syncthreads_or(KChunks::template any<true>(sK))) KChunks::template zero<true>(sK);
+    if (__syncthreads_or(KChunks::template any<false>(sK))) {  // rare
+      KChunks::template zero<true>(sK);
+      k_inf = __syncthreads_or(KChunks::template any<false>(sK));  // (its own chunks)
+    }
   }
 
   // Steps go head-major: the query blocks of head hk * group, then of the next head, ...
@@ -255,8 +260,12 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
         const int col0 = q_col0 + chunk * Tr::kDqChunkNT * 8;
         float acc_dq[Tr::kDqMT][Tr::kDqChunkNT][4];
         clear_acc(acc_dq);
-        warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
-            acc_dq, sdS, q_row0, sK, col0);
+        if (cut && k_inf)  // rare: a hidden pair's dS = 0 must not meet an Inf k
+          warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true, true>(
+              acc_dq, sdS, q_row0, sK, col0);
+        else
+          warp_gemm<Element, Tr::kDqMT, Tr::kDqChunkNT, BN, PTile, false, KTile, true>(
+              acc_dq, sdS, q_row0, sK, col0);
         if (fragment_order) {
           // One address per thread, the rest compile-time offsets from it.
           float* const base = kp.dq_accum + (ws0 + m0) * Tr::kHeadDim +

@@ -12,11 +12,16 @@
 //    non-finite dsum, hence a non-finite dS at the pairs it sees, so dV of those keys stays
 //    NaN (a non-finite q row needs nothing: its lse is NaN, so are its visible P);
 //  - main kernel, once, when some step is cut: K's NaN chunks are zeroed before the loop
-//    (a row that sees such a key has a NaN lse, so the zeroed key changes nothing it sees);
-//  - deterministic dQ kernel, each key block the mask cuts: K's NaN chunks are zeroed before
-//    dQ += dS K.
-// Inf in K stays (zeroing it would give a row whose score is -Inf there, weight 0, a wrong
-// finite P), so an Inf k at a hidden pair still reaches dq (docs/semantics.md).
+//    (a row that sees such a key has a NaN lse, so the zeroed key changes nothing it sees),
+//    and a vote says whether K still holds Inf. Inf stays in shared memory (zeroing it would
+//    give a row whose score is -Inf there, weight 0, a wrong finite P); when the vote said
+//    yes (rare), the dQ += dS K of the cut steps reads K's Inf as 0 in its B fragments
+//    (warp_gemm's kFiniteB), so a hidden pair's dS = 0 adds 0; so does a visible pair's:
+//    its dS is 0 too where the row's lse is finite (score -Inf), and NaN where it is not;
+//  - deterministic dQ kernel, each key block the mask cuts: K's NaN and Inf chunks are
+//    zeroed after S, before dQ += dS K.
+// So a key with an Inf k adds 0 to dq of every row of the cut blocks, as on sm90a
+// (docs/semantics.md), softcap or not (S saw the true K).
 #include <cstdint>
 #include <type_traits>
 

@@ -15,6 +15,7 @@
 //   B = M[n][k] (k contiguous): plain;      B = M[k][n] (n contiguous): .trans.
 #include <cstdint>
 
+#include "cuda/common/non_finite_rows.hpp"
 #include "cuda/sm80/mma_ptx.hpp"
 
 namespace flashcpp::detail::cuda::sm80::bwd {
@@ -95,20 +96,33 @@ __device__ __forceinline__ void load_b(std::uint32_t (&f)[NT / 2][4], const Elem
 // of A[m][k] B[k][n]. The fragments of slice k + 16 are loaded before the mma.sync of slice k
 // (the asm statements are volatile, so the compiler keeps the order written here), so the
 // shared-memory latency hides behind the tensor cores.
-template <class Element, int MT, int NT, int kK, class MatA, bool kATrans, class MatB, bool kBTrans>
+// kFiniteB: B's non-finite elements count as 0 (the rare path of a dQ product whose K holds
+// Inf: bwd_non_finite.hpp).
+template <class Element, int MT, int NT, int kK, class MatA, bool kATrans, class MatB, bool kBTrans,
+          bool kFiniteB = false>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Element* a, int m0,
                                           const Element* b, int n0) {
   static_assert(NT % 2 == 0, "B loads come in pairs of n8 columns");
   static_assert(kK % 16 == 0);
   std::uint32_t fa[2][MT][4], fb[2][NT / 2][4];
+  auto finite_b = [&](std::uint32_t (&f)[NT / 2][4]) {
+    if constexpr (kFiniteB) {
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[j][e] = finite_or_zero<Element>(f[j][e]);
+    }
+  };
   load_a<MatA, kATrans>(fa[0], a, m0, 0);
   load_b<MatB, kBTrans, NT>(fb[0], b, n0, 0);
+  finite_b(fb[0]);
 #pragma unroll
   for (int ks = 0; ks < kK / 16; ++ks) {
     const int cur = ks & 1;
     if (ks + 1 < kK / 16) {
       load_a<MatA, kATrans>(fa[cur ^ 1], a, m0, (ks + 1) * 16);
       load_b<MatB, kBTrans, NT>(fb[cur ^ 1], b, n0, (ks + 1) * 16);
+      finite_b(fb[cur ^ 1]);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

@@ -107,6 +107,16 @@ struct BwdMainloop {
     auto ds_copy_thr = ds_copy.get_thread_slice(tid);
     Tensor tdSsdS = ds_copy_thr.partition_D(sdSt);      // (CPY, CPY_N, CPY_M, buffers)
 
+    // This thread's key of S^T row r (tid = threadIdx.x - 128), worked out afresh where it is
+    // used (the rare path): the compiler hoisted it out of the loop otherwise, registers live
+    // across the loop that spilled 24-64 B at d128.
+    auto key_of_row = [&](int r) {
+      int t;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+      Tensor c = mma_sdp.get_thread_slice(t - 128).partition_C(
+          make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+      return int(get<0>(make_tensor(c.data(), wgmma_acc_rowcol(c.layout()))(r, 0)));
+    };
     // (key, query) of every S^T element this thread holds, in the (row, col) view: each thread
     // holds 2 key rows and 16 query columns, in adjacent pairs (2c, 2c + 1).
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -190,6 +200,9 @@ struct BwdMainloop {
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
         pipeline_do.consumer_wait(state);
         wgmma<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.index()), acc_dp);
+        // The K scan ran meanwhile (bwd_non_finite.hpp); this tile's P needs its verdict.
+        if (it == 0) BwdNonFinite<Traits>::wait_k_scanned(ss);
+        const bool keys_zeroed = BwdNonFinite<Traits>::any_key_zeroed(ss);
 
         Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
         Tensor dp_rc = make_tensor(acc_dp.data(), wgmma_acc_rowcol(acc_dp.layout()));
@@ -240,6 +253,14 @@ struct BwdMainloop {
           for (int c = 0; c < kCols; c += 2) lse[c / 2] = stats_of(lse_stage, c);
           warpgroup_wait<1>();  // S^T done; dP^T still running
           if (!has_softcap) {
+            if (kMasked && keys_zeroed) {  // rare: a key whose K chunk was zeroed scores -inf
+              CUTE_UNROLL
+              for (int r = 0; r < kRows; ++r)
+                if (BwdNonFinite<Traits>::key_zeroed(ss, key_of_row(r))) {
+                  CUTE_UNROLL
+                  for (int c = 0; c < kCols; ++c) s_rc(r, c) = -INFINITY;
+                }
+            }
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
               const float2 lse_c = lse[c / 2];
@@ -289,7 +310,8 @@ struct BwdMainloop {
           if constexpr (kMasked) select_ds();
         };
         // Only tiles crossing a band edge or a sequence end carry the per-element mask.
-        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
+        // A key whose K chunk was zeroed (rare) takes every tile down the masked path.
+        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN) && !keys_zeroed)
           probabilities_and_ds(std::false_type{});
         else
           probabilities_and_ds(std::true_type{});

@@ -140,6 +140,10 @@ struct BwdMainloopSplitD {
         pipeline_do.consumer_wait(state);
         Tensor tdPrdO_s = tdPrdO(_, _, _, stage);
         wgmma<true>(mma_sdp, tdPrdO_s, tdPrV, acc_dp);
+        // The K scan ran meanwhile (bwd_non_finite.hpp); this tile's P needs its verdict.
+        if (head == head_kv * group && m == m_range.begin)
+          BwdNonFinite<Traits>::wait_k_scanned(ss);
+        const bool keys_zeroed = BwdNonFinite<Traits>::any_key_zeroed(ss);
         if constexpr (kDeterministic) {
           if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the previous block's reductions
           owed = -1;
@@ -190,6 +194,14 @@ struct BwdMainloopSplitD {
           warpgroup_wait<1>();  // S done; dP still running
           warpgroup_fence_operand(acc_s);
           if (!has_softcap) {
+            if (kMasked && keys_zeroed) {  // rare: a key whose K chunk was zeroed scores -inf
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c)
+                if (BwdNonFinite<Traits>::key_zeroed(ss, get<1>(cS_rc(0, c)))) {
+                  CUTE_UNROLL
+                  for (int r = 0; r < kRows; ++r) s_rc(r, c) = -INFINITY;
+                }
+            }
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
               CUTE_UNROLL
@@ -219,7 +231,8 @@ struct BwdMainloopSplitD {
           }
           if constexpr (kMasked) select_ds();
         };
-        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
+        // A key whose K chunk was zeroed (rare) takes every tile down the masked path.
+        if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN) && !keys_zeroed)
           probabilities_and_ds(std::false_type{});
         else
           probabilities_and_ds(std::true_type{});

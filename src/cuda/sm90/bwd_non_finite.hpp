@@ -7,19 +7,32 @@
 //  - the consumers select dS = 0 at the hidden pairs (with P), whatever dP and dsum hold;
 //  - two warps of the producer warpgroup (the "scanners"; warp 0 issues the TMA loads, warp 1
 //    may be the dQ writer) zero the non-finite 16-byte chunks of the tile's Q (warp 2) and dO
-//    (warp 3), and, once per CTA, the NaN chunks of K (both);
+//    (warp 3), and, once per CTA whose key block the mask cuts somewhere, the non-finite
+//    chunks of K (both, half the keys each; NaN only with a softcap, see below), with a bit
+//    per key that had one zeroed;
 //  - the consumers wait for the scanners only before the products that read those operands
-//    for a cut tile (dV, dK, dQ): the scans overlap S^T and dP^T, which read the same chunks
-//    meanwhile. That race is harmless: a chunk read before its zeroing is non-finite either
-//    way, and it only reaches pairs that are hidden (P, dS selected) or visible to a row
-//    whose lse (non-finite q, or a NaN key it sees) or dsum (non-finite dO) is not finite,
-//    which is NaN whatever the product gives;
+//    for a cut tile (dV, dK, dQ), and once per CTA for the K scan, before the first tile's P
+//    (their first dQ product reads K after that). The scans overlap S^T and dP^T, which read
+//    the same chunks meanwhile. That race is harmless: a Q or dO chunk read before its
+//    zeroing is non-finite either way, and it only reaches pairs that are hidden (P, dS
+//    selected) or visible to a row whose lse (non-finite q, or a NaN key it sees) or dsum
+//    (non-finite dO) is not finite, which is NaN whatever the product gives; a K chunk read
+//    before or after its zeroing only reaches the scores of its key, which the consumers
+//    replace (next item);
+//  - the scores of a key with a zeroed K chunk are wrong in every tile of the CTA (the
+//    zeroed K, or, d64, K's registers copied while the scan ran), so without a softcap the
+//    consumers make them -inf for every row, as the mask does (every tile of such a CTA takes
+//    the masked path; the verdict is read from shared memory per tile): a row with a finite lse that
+//    sees the key had a score of -Inf there (a +Inf or NaN score makes lse NaN), so P = 0 and
+//    dS = 0 are exact, and a row with a NaN lse gets P = NaN whatever the score. dQ = dS K then
+//    multiplies those zeros by the zeroed K: the key adds 0 to dq of every row (IEEE gives NaN
+//    in its non-finite columns to the rows that see it with a -Inf score: docs/semantics.md).
+//    With a softcap an Inf k gives the rows that see it a finite score (c tanh(+-Inf) = +-c)
+//    whose sign the zeroed K has lost, so only NaN chunks are zeroed there (a row that sees a
+//    NaN key has a NaN lse) and an Inf k at a hidden pair still reaches dq;
 //  - when a tile's dO had a non-finite chunk (rare), the consumers add 0 * dS to P: that row's
 //    dsum is not finite, so its dS is at the pairs it sees, and dV of those keys stays NaN
 //    though its dO row was zeroed.
-// Inf in K is left as it is: a key whose score is -Inf (weight 0) for a row that sees it would
-// get a wrong finite P if zeroed, so an Inf k at a hidden pair still reaches dq
-// (docs/semantics.md).
 // How the scanners follow the tiles: the producer loads as before, onto the rings' full
 // barriers, and the consumers wait on those as before; the scanners walk the same (head, query
 // block) sequence as one more consumer thread each of the Q (warp 2) and dO (warp 3) rings
@@ -43,10 +56,12 @@ namespace flashcpp::detail::cuda::sm90 {
 // The scanners' state in shared memory (a member of both backward SharedStorages).
 template <int kStages>
 struct BwdNonFiniteStorage {
-  alignas(8) std::uint64_t k_clean;             // K's NaN chunks zeroed (both scanners)
+  static constexpr int kKeyWords = 4;           // a bit per key, up to 128 keys
+  alignas(8) std::uint64_t k_clean;             // K's non-finite chunks zeroed (both scanners)
   alignas(8) std::uint64_t kv_tail;             // varlen: K's rows past the end zeroed (consumers)
   alignas(8) std::uint64_t clean[kStages];      // a ring stage's Q and dO cleaned (both)
   std::uint32_t do_zeroed[kStages];             // ... its dO had a non-finite chunk
+  alignas(16) std::uint32_t k_zeroed[kKeyWords];  // the keys whose K had a chunk zeroed
 };
 
 template <class Traits>
@@ -77,6 +92,21 @@ struct BwdNonFinite {
     cutlass::arch::ClusterBarrier::wait(&st.clean[state.index()], state.phase());
     cutlass::arch::ClusterBarrier::wait(&st.k_clean, 0);
     return st.do_zeroed[state.index()] != 0;
+  }
+
+  // Once per CTA, in the first tile before its P: waits for the K scan.
+  __device__ static void wait_k_scanned(SharedStorage& ss) {
+    cutlass::arch::ClusterBarrier::wait(&ss.non_finite.k_clean, 0);
+  }
+  // After that, every tile: whether some key had a K chunk zeroed (almost never; read from
+  // shared memory each time: a register live across the loop spilled at d128).
+  __device__ static bool any_key_zeroed(const SharedStorage& ss) {
+    const uint4 w = *reinterpret_cast<const uint4*>(ss.non_finite.k_zeroed);
+    return (w.x | w.y | w.z | w.w) != 0;
+  }
+  // Whether block-relative key `key` had one.
+  __device__ static bool key_zeroed(const SharedStorage& ss, int key) {
+    return (ss.non_finite.k_zeroed[key / 32] >> (key % 32) & 1u) != 0;
   }
 
   // Varlen, every consumer thread once its share of the zeros of the K and V rows past the
@@ -119,9 +149,43 @@ struct BwdNonFinite {
     return __any_sync(0xffffffffu, found);
   }
 
-  // Warps 2 and 3 of the producer warpgroup, in has_work CTAs.
+  // K, key by key: zeroes the non-finite (kNanOnly: NaN) chunks of keys [first, first + 32
+  // kWords), lane l taking keys first + l, first + l + 32, ..., and writes their bits (lane 0,
+  // which publishes them). Two loads in flight per lane.
+  template <bool kNanOnly, int kWords>
+  __device__ static void zero_keys(SharedStorage& ss, int first, int lane) {
+    using LayoutK = typename Traits::SmemLayoutK;
+    constexpr int kChunks = Traits::kHeadDim / 8;  // a key's 16-byte chunks
+    static_assert(kChunks % 2 == 0);
+    auto bad = [](uint4 c) {
+      return kNanOnly ? chunk_has_nan<Element>(c) : chunk_non_finite<Element>(c);
+    };
+    CUTE_UNROLL
+    for (int w = 0; w < kWords; ++w) {
+      const int key = first + 32 * w + lane;
+      bool zeroed = false;
+#pragma unroll 1
+      for (int c = 0; c < kChunks; c += 2) {
+        uint4* const a = reinterpret_cast<uint4*>(ss.k.data() + LayoutK{}(key, 8 * c));
+        uint4* const b = reinterpret_cast<uint4*>(ss.k.data() + LayoutK{}(key, 8 * c + 8));
+        const uint4 va = *a, vb = *b;
+        if (bad(va)) {
+          *a = make_uint4(0, 0, 0, 0);
+          zeroed = true;
+        }
+        if (bad(vb)) {
+          *b = make_uint4(0, 0, 0, 0);
+          zeroed = true;
+        }
+      }
+      const std::uint32_t bits = __ballot_sync(0xffffffffu, zeroed);
+      if (lane == 0) ss.non_finite.k_zeroed[first / 32 + w] = bits;
+    }
+  }
+
+  // Warps 2 and 3 of the producer warpgroup, in has_work CTAs; nan_only: with a softcap.
   __device__ static void scanner(SharedStorage& ss, const WindowMask& mask, BlockRange m_range,
-                                 int n_block, int group, int warp) {
+                                 int n_block, int group, int warp, bool nan_only) {
     auto& st = ss.non_finite;
     const int lane = threadIdx.x % 32;
     const bool q_side = warp == kQScanWarp;
@@ -152,15 +216,22 @@ struct BwdNonFinite {
         cutlass::arch::ClusterBarrier::arrive(&st.clean[stage]);
       }
     };
-    if (any_cut) {  // K: each scanner half of it
-      constexpr int kKChunks = int(cute::cosize_v<typename Traits::SmemLayoutK>) / 8;
-      static_assert(kKChunks % 128 == 0);
+    // K: each scanner half of the keys.
+    constexpr int kHalfWords = Traits::kBlockN / 64;
+    static_assert(Traits::kBlockN % 64 == 0 && 2 * kHalfWords <= BwdNonFiniteStorage<kStages>::kKeyWords);
+    const int first_key = q_side ? 0 : Traits::kBlockN / 2;
+    if (any_cut) {
       cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
       if constexpr (Traits::kVarlen) cutlass::arch::ClusterBarrier::wait(&st.kv_tail, 0);
-      zero_chunks<true>(ss.k.data(), q_side ? 0 : kKChunks / 2,
-                        q_side ? kKChunks / 2 : kKChunks, lane);
+      if (nan_only)
+        zero_keys<true, kHalfWords>(ss, first_key, lane);
+      else
+        zero_keys<false, kHalfWords>(ss, first_key, lane);
+    } else if (lane == 0) {
+      CUTE_UNROLL
+      for (int w = 0; w < kHalfWords; ++w) st.k_zeroed[first_key / 32 + w] = 0;
     }
-    arrive_after_fence(&st.k_clean);  // (in every CTA: no consumer may wait forever on it)
+    arrive_after_fence(&st.k_clean);  // (in every CTA: every consumer waits on it)
     constexpr int kQChunks = kStageElems<typename Traits::SmemLayoutQ> / 8;
     constexpr int kDoChunks = kStageElems<typename Traits::SmemLayoutDo> / 8;
     static_assert(kQChunks % 64 == 0 && kDoChunks % 64 == 0);
