@@ -76,6 +76,23 @@ foreach(_d IN ITEMS 64 128 256)
   endif()
 endforeach()
 unset(_tile)
+# The same for the fp16/bf16 sm90a forward: FLASHCPP_SM90_FWD_TILE_D<d>=<block_n>x<stages>
+# (e.g. 192x2 at d64) overrides that row of kSm90FwdTiles (D == Dv rows 64, 128, 256).
+foreach(_d IN ITEMS 64 128 256)
+  set(FLASHCPP_SM90_FWD_TILE_D${_d} "" CACHE STRING
+      "fp16/bf16 sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
+  set(_tile "${FLASHCPP_SM90_FWD_TILE_D${_d}}")
+  if(NOT _tile STREQUAL "")
+    if(NOT _tile MATCHES "^([0-9]+)x([0-9]+)$")
+      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_TILE_D${_d} '${_tile}' (expected "
+                          "<block_n>x<stages>, e.g. 192x2)")
+    endif()
+    add_compile_definitions(FLASHCPP_SM90_FWD_D${_d}_BLOCK_N=${CMAKE_MATCH_1}
+                            FLASHCPP_SM90_FWD_D${_d}_STAGES=${CMAKE_MATCH_2})
+    message(STATUS "flashcpp: sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
+  endif()
+endforeach()
+unset(_tile)
 # FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
 # block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
 set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING

@@ -33,10 +33,33 @@ struct Sm90FwdTile {
   int stages;    // depth of the K and of the V shared-memory ring
 };
 
+// The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
+// time (A/B builds side by side): cmake -DFLASHCPP_SM90_FWD_TILE_D64=192x2
+// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FWD_D64_BLOCK_N 192 and ..._STAGES 2 for every
+// TU; the kernel name carries the tile. Where Q + the rings leave no room for the O buffer the
+// epilogue stores O from registers (fwd_traits.hpp, kTmaStoreO).
+#ifndef FLASHCPP_SM90_FWD_D64_BLOCK_N
+#define FLASHCPP_SM90_FWD_D64_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FWD_D64_STAGES
+#define FLASHCPP_SM90_FWD_D64_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FWD_D128_BLOCK_N
+#define FLASHCPP_SM90_FWD_D128_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FWD_D128_STAGES
+#define FLASHCPP_SM90_FWD_D128_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FWD_D256_BLOCK_N
+#define FLASHCPP_SM90_FWD_D256_BLOCK_N 80
+#endif
+#ifndef FLASHCPP_SM90_FWD_D256_STAGES
+#define FLASHCPP_SM90_FWD_D256_STAGES 2
+#endif
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
-    {64, 64, 128, 128, 2},
-    {128, 128, 128, 128, 2},
-    {256, 256, 128, 80, 2},
+    {64, 64, 128, FLASHCPP_SM90_FWD_D64_BLOCK_N, FLASHCPP_SM90_FWD_D64_STAGES},
+    {128, 128, 128, FLASHCPP_SM90_FWD_D128_BLOCK_N, FLASHCPP_SM90_FWD_D128_STAGES},
+    {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES},
     {192, 128, 128, 128, 2},
 };
 
@@ -90,6 +113,8 @@ constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
          element_bytes;
 }
 
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(64), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);
