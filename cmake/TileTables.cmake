@@ -77,7 +77,11 @@ foreach(_d IN ITEMS 64 128 256)
 endforeach()
 unset(_tile)
 # The same for the fp16/bf16 sm90a forward: FLASHCPP_SM90_FWD_TILE_D<d>=<block_n>x<stages>
-# (e.g. 192x2 at d64) overrides that row of kSm90FwdTiles (D == Dv rows 64, 128, 256).
+# (e.g. 176x2 at d64) overrides that row of kSm90FwdTiles (the D == Dv rows 64, 128, 256).
+# These go into a generated header (sm90_fwd_tile_overrides.inc, written by
+# src/cuda/CMakeLists.txt) instead of the command line, so switching a variant in one build
+# folder recompiles only the TUs that read the table, not the whole library.
+set(FLASHCPP_SM90_FWD_TILE_OVERRIDES "")
 foreach(_d IN ITEMS 64 128 256)
   set(FLASHCPP_SM90_FWD_TILE_D${_d} "" CACHE STRING
       "fp16/bf16 sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
@@ -85,10 +89,11 @@ foreach(_d IN ITEMS 64 128 256)
   if(NOT _tile STREQUAL "")
     if(NOT _tile MATCHES "^([0-9]+)x([0-9]+)$")
       message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_TILE_D${_d} '${_tile}' (expected "
-                          "<block_n>x<stages>, e.g. 192x2)")
+                          "<block_n>x<stages>, e.g. 176x2)")
     endif()
-    add_compile_definitions(FLASHCPP_SM90_FWD_D${_d}_BLOCK_N=${CMAKE_MATCH_1}
-                            FLASHCPP_SM90_FWD_D${_d}_STAGES=${CMAKE_MATCH_2})
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
+           "#define FLASHCPP_SM90_FWD_D${_d}_BLOCK_N ${CMAKE_MATCH_1}\n"
+           "#define FLASHCPP_SM90_FWD_D${_d}_STAGES ${CMAKE_MATCH_2}\n")
     message(STATUS "flashcpp: sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
   endif()
 endforeach()

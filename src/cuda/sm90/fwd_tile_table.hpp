@@ -34,10 +34,11 @@ struct Sm90FwdTile {
 };
 
 // The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
-// time (A/B builds side by side): cmake -DFLASHCPP_SM90_FWD_TILE_D64=192x2
-// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FWD_D64_BLOCK_N 192 and ..._STAGES 2 for every
-// TU; the kernel name carries the tile. Where Q + the rings leave no room for the O buffer the
-// epilogue stores O from registers (fwd_traits.hpp, kTmaStoreO).
+// time (A/B builds): cmake -DFLASHCPP_SM90_FWD_TILE_D64=176x2 (cmake/TileTables.cmake) writes
+// FLASHCPP_SM90_FWD_D64_BLOCK_N 176 and ..._STAGES 2 into the generated
+// sm90_fwd_tile_overrides.inc; the kernel name carries the tile. Where Q + the rings leave no
+// room for the O buffer the epilogue stores O from registers (fwd_traits.hpp, kTmaStoreO).
+#include "sm90_fwd_tile_overrides.inc"
 #ifndef FLASHCPP_SM90_FWD_D64_BLOCK_N
 #define FLASHCPP_SM90_FWD_D64_BLOCK_N 128
 #endif
