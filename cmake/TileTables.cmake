@@ -98,6 +98,18 @@ foreach(_d IN ITEMS 64 128 256)
   endif()
 endforeach()
 unset(_tile)
+# FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM: from this head dim up the sm90a forward rebuilds Q's wgmma
+# descriptors in every main-loop iteration (fwd_traits.hpp; empty: never). Same header.
+set(FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM "" CACHE STRING
+    "sm90a forward: rebuild Q's descriptors per key block from this head dim up (empty: never)")
+if(NOT FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM STREQUAL "")
+  if(NOT FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM "
+                        "'${FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM}' (expected a head dim, e.g. 256)")
+  endif()
+  string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
+         "#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM ${FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM}\n")
+endif()
 # FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
 # block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
 set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING

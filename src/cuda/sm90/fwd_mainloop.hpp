@@ -177,6 +177,16 @@ struct FwdMainloop {
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // descriptors (1, 1, D/16)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (1, 1, D/16, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (1, 1, kBlockN/16, stages)
+    // Traits::kQDescPerIteration: the steady-state loop rebuilds Q's descriptors from an opaque
+    // copy of Q's address in every iteration. Otherwise the compiler keeps all D/16 of them
+    // (64-bit each) live across the loop, which at d256 spilled: six 8-byte reloads per key
+    // block. K's and V's (indexed by the stage) made no difference when rebuilt too.
+    auto q_operand = [&] {
+      Element* q = ss.q.data();
+      asm volatile("mov.b64 %0, %0;" : "+l"(q));
+      return thr_qk.partition_fragment_A(
+          make_tensor(make_smem_ptr(q), typename Traits::SmemLayoutQ{}));
+    };
     // (row, col) of every S element in the 128 x kBlockN tile (rows include this
     // warpgroup's 64-row offset).
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -288,7 +298,12 @@ struct FwdMainloop {
     for (--n; n >= range.begin; --n) {
       pipeline_k.consumer_wait(k_state);
       turn_begin();
-      wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      if constexpr (Traits::kQDescPerIteration) {
+        Tensor q = q_operand();
+        wgmma<true>(mma_qk, q, tSrK(_, _, _, k_state.index()), acc_s);
+      } else {
+        wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      }
       pipeline_v.consumer_wait(v_state);
       pv(tOrP, tOrV(_, _, _, v_state.index()));
       turn_end();

@@ -73,6 +73,14 @@ struct FwdTraits {
   // docs/design/sm90-kernels.md.
   static constexpr bool kPingPong = kHeadDim <= 128;
 
+  // Rebuild Q's wgmma descriptors in every main-loop iteration (fwd_mainloop.hpp) from this
+  // head dim up: FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM (configure-time A/B switch, cmake
+  // -DFLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM=256; default 512: never).
+#ifndef FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM
+#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 512
+#endif
+  static constexpr bool kQDescPerIteration = kHeadDim >= FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM;
+
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
   // at 384 threads: setmaxnreg needs the totals to match the entry allocation.
   static constexpr int kProducerRegs = 24;
