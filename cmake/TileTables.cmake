@@ -98,18 +98,23 @@ foreach(_d IN ITEMS 64 128 256)
   endif()
 endforeach()
 unset(_tile)
-# FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM: from this head dim up the sm90a forward rebuilds Q's wgmma
-# descriptors in every main-loop iteration (fwd_traits.hpp; empty: never). Same header.
-set(FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM "" CACHE STRING
-    "sm90a forward: rebuild Q's descriptors per key block from this head dim up (empty: never)")
-if(NOT FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM STREQUAL "")
-  if(NOT FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM MATCHES "^[0-9]+$")
-    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM "
-                        "'${FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM}' (expected a head dim, e.g. 256)")
+# Two more sm90a forward A/B switches, head dims from which a code variant applies (empty:
+# never), written to the same header (fwd_traits.hpp says what they do):
+#  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
+#  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
+#                                         buffer fits (d256).
+foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
+  set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
+  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: never)")
+  if(NOT ${_var} STREQUAL "")
+    if(NOT ${_var} MATCHES "^[0-9]+$")
+      message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected a head dim, e.g. 256)")
+    endif()
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES "#define ${_var} ${${_var}}\n")
+    message(STATUS "flashcpp: sm90a forward ${_switch} from head dim ${${_var}}")
   endif()
-  string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
-         "#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM ${FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM}\n")
-endif()
+endforeach()
+unset(_var)
 # FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
 # block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
 set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING

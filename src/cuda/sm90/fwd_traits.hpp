@@ -210,9 +210,26 @@ struct FwdTraits {
   static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(ElementOut));
   // FP8 d256 has the room but stores from registers as bf16 d256 does: the TMA path's
   // addresses next to 128 O registers per thread spill.
-  static constexpr bool kTmaStoreO =
+  static constexpr bool kOBuffer =
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
       !(kFp8 && kHeadDimV > 128);
+  // Where there is no room for an O buffer, O can go through Q's buffer instead (same size
+  // at D == Dv, 16-bit in and out) from the head dim FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM up
+  // (configure-time A/B switch; default 512: never). The price: Q's buffer is released after
+  // the TMA store has read O, not after the tile's last S = Q K^T, so the next tile's Q load
+  // starts later (fwd_epilogue.hpp). Only without ping-pong: the epilogue's barrier of both
+  // consumer warpgroups (they must both be done reading Q) takes the warp-scheduler id. Not
+  // for varlen: its two O paths (TMA inside the sequence, registers past it) spilled 160 B
+  // at d256.
+#ifndef FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM
+#define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 512
+#endif
+  static constexpr bool kOAliasQ = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
+                                   kHeadDimV == kHeadDim && sizeof(ElementOut) == sizeof(Element) &&
+                                   kHeadDim >= FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM;
+  static_assert(!kOAliasQ || kOBytes == int(cosize_v<SmemLayoutQ> * sizeof(Element)),
+                "O aliases Q: same bytes");
+  static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ;
 
   struct NoPageEntries {};
   struct PageEntries {
@@ -229,7 +246,7 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
-    std::conditional_t<kTmaStoreO, SmemO, NoSmemO> o;
+    std::conditional_t<kOBuffer, SmemO, NoSmemO> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     // Q is loaded once per tile into one buffer: q_full (the TMA transaction barrier) tells

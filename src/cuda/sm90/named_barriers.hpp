@@ -26,6 +26,9 @@ enum class NamedBarrier : int {
   // stage (fwd_mainloop.hpp).
   kFwdVTail0 = kBwdDsReady,
   kFwdVTail1 = kBwdDsReady1,
+  // Forward without ping-pong, O aliasing Q (fwd_epilogue.hpp): both consumer warpgroups are
+  // done reading the tile's Q. Without ping-pong the warp-scheduler id is free.
+  kFwdQRead = kWarpScheduler0,
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
   kBwdEpilogueAll = kWarpScheduler0,
