@@ -27,8 +27,9 @@ from grid import CONTIGUOUS, Case, page_size, pages_per_sequence
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff": "EFFICIENT_ATTENTION"}
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
-# Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp".
-EXTRA_IMPLS = ("flashcpp_det",)
+# Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp";
+# cuDNN's FP8 forward (bench/cudnn_fp8_peer.py, --dtype e4m3 only).
+EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
 
 
 class InputSet:
@@ -154,6 +155,7 @@ class Peer:
     name = "?"
     has_backward = True
     takes_fp8 = False  # float8_e4m3fn q, k, v with descales (sdpa_compare --dtype e4m3)
+    takes_16bit = True  # bf16 / fp16 q, k, v (False: an fp8-only peer)
 
     def available(self) -> Optional[str]:
         """None, or why this implementation cannot run at all in this process."""
@@ -426,6 +428,41 @@ class FlashcppDeterministicPeer(FlashcppPeer):
         return {**self._kw(), "deterministic": True}
 
 
+class FlashcppEnvPeer(FlashcppPeer):
+    """flashcpp with one environment variable set around each cell (its check and its timing),
+    for variables flashcpp reads at every call, e.g. FLASHCPP_SM80_FWD_TILE_D256=64x64_4w: rows
+    of one run compared in one process. Named "flashcpp[value]"."""
+
+    def __init__(self, backend: str, var: str, value: str):
+        super().__init__(backend)
+        self.var, self.value = var, value
+        self.name = f"flashcpp[{value}]"
+
+    @contextlib.contextmanager
+    def context(self):
+        import os  # noqa: PLC0415
+        old = os.environ.get(self.var)
+        os.environ[self.var] = self.value
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ[self.var]
+            else:
+                os.environ[self.var] = old
+
+
+def parse_flashcpp_env(spec: str) -> Tuple[str, List[str]]:
+    """'VAR=a,b' -> ('VAR', ['a', 'b']); ValueError when it is not of that form."""
+    var, sep, values = spec.partition("=")
+    names = [v for v in values.split(",") if v]
+    if not sep or not var or not names or not var.replace("_", "").isalnum():
+        raise ValueError(f"--flashcpp-env {spec!r}: expected VAR=value[,value...]")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--flashcpp-env {spec!r}: a value is given twice")
+    return var, names
+
+
 class FlashcppKVCachePeer(FlashcppPeer):
     """flashcpp.attention_with_kvcache over the full caches of DecodeInputSets: the contiguous
     cache, or the page pool and block table of `layout`. Its `fwd` is the decode step."""
@@ -463,7 +500,10 @@ class FlashcppKVCachePeer(FlashcppPeer):
 
 
 def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
-               flashcpp_backend: str = "auto") -> List[Peer]:
+               flashcpp_backend: str = "auto",
+               flashcpp_env: Optional[Tuple[str, Sequence[str]]] = None) -> List[Peer]:
+    """One peer per name; with flashcpp_env (VAR, values), a FlashcppEnvPeer per value after
+    them."""
     peers: List[Peer] = []
     for n in names:
         if n == "flashcpp":
@@ -474,8 +514,14 @@ def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
             peers.append(SdpaPeer(n, sdpa_layout))
         elif n == "flex":
             peers.append(FlexPeer(sdpa_layout))
+        elif n == "cudnn_fp8":
+            from cudnn_fp8_peer import CudnnFp8Peer  # noqa: PLC0415 (it imports this module)
+            peers.append(CudnnFp8Peer())
         else:
             raise ValueError(f"unknown implementation {n!r}")
+    if flashcpp_env is not None:
+        var, values = flashcpp_env
+        peers += [FlashcppEnvPeer(flashcpp_backend, var, v) for v in values]
     return peers
 
 

@@ -17,8 +17,8 @@ from typing import Dict, List, Sequence
 from grid import EXPANDED, decode_series, size_label
 from report import decode_series_order
 
-IMPL_ORDER = ("cudnn", "fa2", "mem_eff", "flex", "flashcpp")
-COLORS = {"cudnn": "#76b900", "fa2": "#1f77b4", "mem_eff": "#9467bd", "flex": "#ff7f0e",
+IMPL_ORDER = ("cudnn", "cudnn_fp8", "fa2", "mem_eff", "flex", "flashcpp")
+COLORS = {"cudnn": "#76b900", "cudnn_fp8": "#3d6b00", "fa2": "#1f77b4", "mem_eff": "#9467bd", "flex": "#ff7f0e",
           "flashcpp": "#d62728", "paged16": "#e8605e", "paged64": "#f29a98",
           "paged256": "#f9cdcc"}
 

@@ -28,10 +28,10 @@ STATUS_COLUMNS = ("impl", "dtype", "D", "causal", "B", "H", "Hkv", "Nq", "Nk", "
                   "max_err", "note")
 DECODE_STATUS_COLUMNS = STATUS_COLUMNS[:10] + ("layout",) + STATUS_COLUMNS[10:]
 # Column order of the table; flashcpp comes after its peers, then the ratios.
-IMPL_ORDER = ("cudnn", "fa2", "mem_eff", "flex", "flashcpp")
+IMPL_ORDER = ("cudnn", "cudnn_fp8", "fa2", "mem_eff", "flex", "flashcpp")
 # flashcpp/flashcpp_det (when --impls has both) is the deterministic backward's time over the
 # default one's.
-RATIO_BASES = ("cudnn", "fa2", "flashcpp_det")
+RATIO_BASES = ("cudnn", "cudnn_fp8", "fa2", "flashcpp_det")
 # A decode cell is host-bound when the host spends at least this fraction of the median GPU
 # time per call: the GPU then waits for launches, and the time says little about the kernel.
 HOST_BOUND_FRACTION = 0.8
@@ -164,15 +164,19 @@ def cell_text(r: Optional[Result]) -> str:
 def table_rows(results: Sequence[Result], impls: Sequence[str]) -> Tuple[List[str], List[List[str]]]:
     """Header and rows of the final table: one row per (case, mode), in the order first run."""
     impls = [i for i in IMPL_ORDER if i in impls] + [i for i in impls if i not in IMPL_ORDER]
-    bases = [b for b in RATIO_BASES if b in impls and "flashcpp" in impls]
-    header = ["case", "mode"] + [f"{i}" for i in impls] + [f"flashcpp/{b}" for b in bases]
+    # flashcpp and its environment variants (sdpa_compare --flashcpp-env: "flashcpp[value]")
+    # each get a ratio to every base.
+    mine = [i for i in impls if i == "flashcpp" or (i.startswith("flashcpp[") and i.endswith("]"))]
+    bases = [b for b in RATIO_BASES if b in impls and mine]
+    pairs = [(m, b) for m in mine for b in bases]
+    header = ["case", "mode"] + [f"{i}" for i in impls] + [f"{m}/{b}" for m, b in pairs]
     by_key: Dict[Tuple[Case, str], Dict[str, Result]] = {}
     for r in results:
         by_key.setdefault((r.case, r.mode), {})[r.impl] = r
     rows = []
     for (case, mode), cells in by_key.items():
         row = [case.label, mode] + [cell_text(cells.get(i)) for i in impls]
-        row += [speedup(cells.get("flashcpp"), cells.get(b)) for b in bases]
+        row += [speedup(cells.get(m), cells.get(b)) for m, b in pairs]
         rows.append(row)
     return header, rows
 
@@ -289,11 +293,34 @@ def failure_lines(results: Iterable[Result]) -> List[str]:
     return out
 
 
+def peer_ran_lines(results: Iterable[Result], per_impl: int = 4) -> List[str]:
+    """What each peer (not flashcpp) says it ran in its measured cells, where it says so (the
+    `ran ...` of the cell's note: cudnn_fp8's output type and cuDNN plan), deduplicated."""
+    seen: Dict[str, List[str]] = {}
+    for r in results:
+        if r.status != OK or r.impl.startswith("flashcpp") or "; ran " not in r.reason:
+            continue
+        ran = seen.setdefault(r.impl, [])
+        text = r.reason.split("; ran ", 1)[1]
+        if text not in ran:
+            ran.append(text)
+    out = []
+    for impl, ran in seen.items():
+        out += [f"{impl}: {text}" for text in ran[:per_impl]]
+        if len(ran) > per_impl:
+            out.append(f"{impl}: ... {len(ran) - per_impl} more in status.csv")
+    return out
+
+
 def summary_markdown(results: Sequence[Result], impls: Sequence[str], meta: Dict[str, object],
                      command: str, plots: Sequence[str]) -> str:
     header, rows = table_rows(results, impls)
     intro = ("TFLOP/s (higher is better); `flashcpp/X` is X's median time over flashcpp's "
              "(above 1.00x: flashcpp is faster). FLOPs and timing rules: `docs/benchmarking.md`.")
+    ran = peer_ran_lines(results)
+    if ran:
+        intro += "\n\nWhat the peers ran (their output type counts: see the notes):\n\n" + "\n".join(
+            f"- {line}" for line in ran)
     return _summary("Side-by-side attention benchmark", intro,
                     format_table(header, rows, markdown=True), results, meta, command, plots)
 
@@ -312,8 +339,8 @@ def _summary(title: str, intro: str, table: str, results: Sequence[Result],
              meta: Dict[str, object], command: str, plots: Sequence[str]) -> str:
     lines = [f"# {title}, {meta.get('date', '')} on {meta.get('device', '')}", "", intro, "",
              "| | |", "|---|---|"]
-    for key in ("device", "driver", "torch", "cuda", "cudnn", "triton", "flashcpp", "sdpa_layout",
-                "copy_gbps", "timing", "graph_calls", "reps", "date"):
+    for key in ("device", "driver", "torch", "cuda", "cudnn", "cudnn_frontend", "triton",
+                "flashcpp", "sdpa_layout", "copy_gbps", "timing", "graph_calls", "reps", "date"):
         if key in meta:
             lines.append(f"| {key} | {meta[key]} |")
     lines += ["", f"Command: `{command}`", "", table, ""]

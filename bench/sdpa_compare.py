@@ -31,8 +31,9 @@ import report as R  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
 # Accepted by --impls but not run by default: flashcpp_det, flashcpp with a deterministic
-# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd.
-EXTRA_IMPLS = ("flashcpp_det",)
+# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd; cudnn_fp8, cuDNN's
+# FP8 forward (bench/cudnn_fp8_peer.py), e.g. --dtype e4m3 --modes fwd --impls flashcpp,cudnn_fp8.
+EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
 MIN_REPS = 100
 
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", choices=("off", "on", "both"), default="both")
     p.add_argument("--dtype", default="bf16",
                    help="bf16, fp16, e4m3 (fp8 q, k, v with per-tensor descales, bf16 out: "
-                        "the forward only, flashcpp only), comma-separated")
+                        "the forward only, flashcpp and cudnn_fp8 only), comma-separated")
     p.add_argument("--impls", default=",".join(ALL_IMPLS),
                    help=f"subset of {','.join(ALL_IMPLS + EXTRA_IMPLS)} "
                         f"(default {','.join(ALL_IMPLS)})")
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what SDPA and flex get: [B,H,N,D] views of the BSHD inputs (default), "
                         "or contiguous BHSD copies")
     p.add_argument("--flashcpp-backend", default="auto", help="backend= for flashcpp.attention")
+    p.add_argument("--flashcpp-env", default=None, metavar="VAR=V1,V2",
+                   help="also time flashcpp with environment variable VAR set to each value, "
+                        "one column flashcpp[V] each (variables flashcpp reads at every call, "
+                        "e.g. FLASHCPP_SM80_FWD_TILE_D256=128x64_8w_kv2,64x64_4w)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="output folder (default bench/results/<date>-<device>/)")
@@ -94,6 +99,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.head_dims = G.parse_size_list(a.heads_dims) if a.heads_dims else list(default_d)
         a.seqlen_list = G.parse_size_list(a.seqlens) if a.seqlens else list(default_n)
         a.causal_list = G.causal_flags(a.causal)
+        import peers as P  # noqa: PLC0415
+        a.flashcpp_env_spec = P.parse_flashcpp_env(a.flashcpp_env) if a.flashcpp_env else None
+        # Table columns: the implementations, then flashcpp's environment variants.
+        a.columns = list(a.impl_list) + (
+            [f"flashcpp[{v}]" for v in a.flashcpp_env_spec[1]] if a.flashcpp_env_spec else [])
         a.cases = G.training_grid(a.dtypes, a.head_dims, a.seqlen_list, a.causal_list,
                                   tokens=a.tokens, hidden=a.hidden)
     except ValueError as e:
@@ -103,6 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.rounds < 1:
         p.error("--rounds must be positive")
     if a.driver:
+        if a.flashcpp_env:
+            p.error("--driver takes no --flashcpp-env (set the variable in the environment)")
         if len(a.cases) != 1 or len(a.mode_list) != 1 or len(a.impl_list) != 1:
             p.error("--driver needs exactly one impl, dtype, head dim, seqlen, causal (on/off) "
                     f"and mode; got {len(a.impl_list)} impls, {len(a.cases)} cases, "
@@ -138,10 +150,10 @@ def make_and_check(peer, case, mode, ref):
     """Makes and checks one cell: (fn, max_err, ran) ready to time, or an n/a / wrong Result."""
     if mode in G.BACKWARD_MODES and not peer.has_backward:
         return R.Result(peer.name, case, mode, R.NA, reason="no backward")
-    if case.dtype == G.FP8_CACHE and (mode != "fwd" or not peer.takes_fp8):
+    refusal = dtype_refusal(peer, case)
+    if refusal or (case.dtype == G.FP8_CACHE and mode != "fwd"):
         return R.Result(peer.name, case, mode, R.NA,
-                        reason="fp8 (e4m3) is forward only" if peer.takes_fp8
-                        else "takes no fp8 (e4m3) q, k, v")
+                        reason=refusal or "fp8 (e4m3) is forward only")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -156,6 +168,15 @@ def make_and_check(peer, case, mode, ref):
         return fn, max_err, ran
     except Exception as e:  # noqa: BLE001 (unsupported shape, OOM, compile failure: all n/a)
         return _na_result(peer, case, mode, e, caught if "caught" in locals() else ())
+
+
+def dtype_refusal(peer, case) -> str:
+    """Why the peer takes no q, k, v of the case's dtype, or ""."""
+    if case.dtype == G.FP8_CACHE and not peer.takes_fp8:
+        return "takes no fp8 (e4m3) q, k, v"
+    if case.dtype != G.FP8_CACHE and not getattr(peer, "takes_16bit", True):
+        return "takes only fp8 (e4m3) q, k, v (--dtype e4m3)"
+    return ""
 
 
 def _na_result(peer, case, mode, e, caught=()) -> R.Result:
@@ -223,7 +244,7 @@ def run_grid(a, results, log=print) -> None:
     import peers as P  # noqa: PLC0415
     import reference  # noqa: PLC0415
 
-    all_peers = P.make_peers(a.impl_list, a.sdpa_layout, a.flashcpp_backend)
+    all_peers = P.make_peers(a.impl_list, a.sdpa_layout, a.flashcpp_backend, a.flashcpp_env_spec)
     usable = []
     for peer in all_peers:
         why = peer.available()
@@ -257,7 +278,7 @@ def run_grid(a, results, log=print) -> None:
             continue
         prepared = []
         for peer in usable:  # once per case: flex compiles once per shape
-            if case.dtype == G.FP8_CACHE and not peer.takes_fp8:  # n/a in make_and_check
+            if dtype_refusal(peer, case):  # n/a in make_and_check
                 prepared.append(peer)
                 continue
             try:
@@ -336,11 +357,11 @@ def main(argv=None) -> int:
     command = "python3 bench/sdpa_compare.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     meta.update({"sdpa_layout": a.sdpa_layout, "reps": a.reps, "rounds": a.rounds,
                  "command": command,
-                 "impls": a.impl_list, "modes": a.mode_list})
+                 "impls": a.columns, "modes": a.mode_list})
     R.write_meta(os.path.join(out, "meta.json"), meta)
     print(f"device {device}, torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "
           f"cuDNN {meta.get('cudnn')}, driver {meta.get('driver')}; {len(a.cases)} cases x "
-          f"{len(a.mode_list)} modes x {len(a.impl_list)} impls -> {out}", flush=True)
+          f"{len(a.mode_list)} modes x {len(a.columns)} impls -> {out}", flush=True)
 
     t0 = time.time()
     results = []
@@ -350,6 +371,10 @@ def main(argv=None) -> int:
         traceback.print_exc()
         meta["interrupted"] = True
     meta["elapsed_s"] = round(time.time() - t0, 1)
+    frontend = sys.modules.get("cudnn")  # imported by the cudnn_fp8 peer, if it ran
+    if frontend is not None and hasattr(frontend, "backend_version_string"):
+        meta["cudnn_frontend"] = (f"{getattr(frontend, '__version__', '?')} on cuDNN "
+                                  f"{frontend.backend_version_string()}")
     R.write_meta(os.path.join(out, "meta.json"), meta)
     R.write_csv(os.path.join(out, "results.csv"), results, device)
     R.write_status_csv(os.path.join(out, "status.csv"), results)
@@ -358,12 +383,14 @@ def main(argv=None) -> int:
         import plots as PL  # noqa: PLC0415
         plots = PL.write_plots(R.csv_rows(results, device), out, device)
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(R.summary_markdown(results, a.impl_list, meta, command, plots))
-    header, rows = R.table_rows(results, a.impl_list)
+        f.write(R.summary_markdown(results, a.columns, meta, command, plots))
+    header, rows = R.table_rows(results, a.columns)
     table = R.format_table(header, rows)
     failures = R.failure_lines(results)
+    ran = "".join(f"  {line}\n" for line in R.peer_ran_lines(results))
+    ran = f"what the peers ran:\n{ran}" if ran else ""
     with open(os.path.join(out, "table.txt"), "w") as f:
-        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n")
+        f.write(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's\n{table}\n{ran}")
     print()
     if failures:
         print("not measured:")
@@ -373,6 +400,7 @@ def main(argv=None) -> int:
     print(f"wrote {out} ({meta['elapsed_s']} s)")
     print(f"{device}: TFLOP/s, flashcpp/X = X's time over flashcpp's")
     print(table)
+    print(ran, end="")
     return 1 if meta.get("interrupted") else 0
 
 

@@ -14,7 +14,8 @@ function(flashcpp_table_body header table out)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
 endfunction()
 
-# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`.
+# Sets `out` to the first field (the head dim) of every entry of the array `table` in `header`,
+# each once (a head dim may have several rows).
 function(flashcpp_table_head_dims header table out)
   flashcpp_table_body("${header}" ${table} _body)
   string(REGEX MATCHALL "{ *[0-9]+," _entries "${_body}")
@@ -23,6 +24,7 @@ function(flashcpp_table_head_dims header table out)
     string(REGEX REPLACE "[^0-9]" "" _dim "${_entry}")
     list(APPEND _dims "${_dim}")
   endforeach()
+  list(REMOVE_DUPLICATES _dims)
   set(${out} "${_dims}" PARENT_SCOPE)
 endfunction()
 
@@ -115,14 +117,43 @@ foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
   endif()
 endforeach()
 unset(_var)
-# FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM: the largest head dim whose FP8 forward sums each key
-# block's P V apart and adds it to O in fp32 (fwd_traits.hpp; empty: 128, 0: none).
-set(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "" CACHE STRING
-    "FP8 sm90a forward: P V summed per key block up to this head dim (empty: 128, 0: none)")
-if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM STREQUAL "")
-  if(NOT FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM MATCHES "^[0-9]+$")
-    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM "
-                        "'${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}' (expected a head dim, e.g. 128)")
+# FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
+# head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with
+# <temps> temporaries in flight (default 2; fp8_pv_chunks.hpp); 0: O stays the tensor cores'
+# P V accumulator along the row (it loses small terms on long rows). Empty: the table's.
+foreach(_d IN ITEMS 64 128 256)
+  set(FLASHCPP_SM90_FP8_PV_CHUNK_D${_d} "" CACHE STRING
+      "FP8 sm90a forward P V chunks for head dim ${_d}: <width>[x<temps>], 0: none, empty: the table's")
+  set(_chunk "${FLASHCPP_SM90_FP8_PV_CHUNK_D${_d}}")
+  if(NOT _chunk STREQUAL "")
+    if(NOT _chunk MATCHES "^([0-9]+)(x([0-9]+))?$")
+      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_CHUNK_D${_d} '${_chunk}' (expected "
+                          "<width>[x<temps>], e.g. 32x2, or 0)")
+    endif()
+    set(_temps 2)
+    if(NOT "${CMAKE_MATCH_3}" STREQUAL "")  # (a bare if() would read an explicit x0 as unset)
+      set(_temps ${CMAKE_MATCH_3})
+    endif()
+    add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_PV_CHUNK=${CMAKE_MATCH_1}
+                            FLASHCPP_SM90_FP8_D${_d}_PV_TEMPS=${_temps})
+    if(CMAKE_MATCH_1 EQUAL 0)
+      message(STATUS "flashcpp: FP8 sm90a forward d${_d} P V on the tensor cores' O (no per-block sum)")
+    else()
+      message(STATUS "flashcpp: FP8 sm90a forward d${_d} P V chunks of ${CMAKE_MATCH_1}, ${_temps} temporaries")
+    endif()
   endif()
-  add_compile_definitions(FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM=${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM})
+endforeach()
+unset(_chunk)
+unset(_temps)
+# The switch these replace (one head-dim limit for a whole-width per-block sum).
+if(NOT "${FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM}" STREQUAL "")
+  message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM is gone: use "
+                      "FLASHCPP_SM90_FP8_PV_CHUNK_D<d> (the old default: D64 64, D128 128, D256 0)")
+endif()
+# FLASHCPP_SM80_FWD_PAIRS: the sm80 forward's d256 warp-pair tile row (fwd_tile_table.hpp) is
+# built, to be run with FLASHCPP_SM80_FWD_TILE_D256=128x64_8w_kv2_pairs (the tile choice never
+# takes it).
+option(FLASHCPP_SM80_FWD_PAIRS "sm80 forward: build the d256 warp-pair tile row (A/B runs)" OFF)
+if(FLASHCPP_SM80_FWD_PAIRS)
+  add_compile_definitions(FLASHCPP_SM80_FWD_PAIRS)
 endif()

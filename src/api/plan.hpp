@@ -12,6 +12,7 @@ struct Plan {
   Backend backend = Backend::automatic;  // concrete: cpu_reference, cpu, cuda_sm80, cuda_sm90
   const char* kernel = "";               // RunInfo::kernel
   int kernel_index = -1;                 // the backend's registry entry that runs the call
+  int tile_index = -1;                   // CUDA sm80 forward: its tile row (fwd_tile_table.hpp)
   int num_splits = 1;
   // The split count came from the heuristic: a run without enough workspace for it runs
   // unsplit instead (same result), where an explicit num_splits > 1 is an error.

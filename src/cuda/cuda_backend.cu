@@ -197,10 +197,11 @@ Plan plan_sm80_forward(const ForwardParams& p) {
   Plan plan;
   plan.backend = Backend::cuda_sm80;
   plan.kernel_index = int(&k - sm80::kFwdKernels);
+  plan.tile_index = sm80::fwd_tile_for(p, k);
   plan.splits_optional = p.num_splits <= 0;
-  plan.num_splits = plan.splits_optional ? heuristic_splits(p, sm80_fwd_tile(k.head_dim))
+  plan.num_splits = plan.splits_optional ? heuristic_splits(p, kSm80FwdTiles[plan.tile_index])
                                          : p.num_splits;
-  plan.kernel = sm80::fwd_kernel_name(k, plan.num_splits > 1);
+  plan.kernel = sm80::fwd_kernel_name(k, plan.tile_index, plan.num_splits > 1);
   plan.workspace_bytes = split_workspace_bytes(p, plan.num_splits);
   plan.overlap_combine = device_info(p.device).major >= 9;
   return plan;
@@ -281,7 +282,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,
                          Workspace workspace, const PagedKV& paged = {}) {
   const sm80::FwdKernel& kernel = sm80::kFwdKernels[plan.kernel_index];
-  const Sm80FwdTile t = sm80_fwd_tile(kernel.head_dim);
+  const Sm80FwdTile t = kSm80FwdTiles[plan.tile_index];
   const int splits = splits_to_run(plan, workspace);
 
   FwdKernelParams kp;
@@ -298,10 +299,12 @@ RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream s
   }
   fold_scales(kp);
 
-  launch_on_device(params.device,
-                   [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
+  launch_on_device(params.device, [&] {
+    kernel.entry(kp, plan.tile_index, reinterpret_cast<cudaStream_t>(stream));
+  });
   return {Backend::cuda_sm80,
-          sm80::fwd_kernel_name(kernel, splits > 1, paged.block_table != nullptr), splits};
+          sm80::fwd_kernel_name(kernel, plan.tile_index, splits > 1, paged.block_table != nullptr),
+          splits};
 }
 
 // ---- KV-cache decode ----
@@ -501,7 +504,7 @@ Plan plan_kvcache(const KVCacheParams& params, Backend requested) {
       plan = plan_sm80_forward(f);
       if (params.paged())
         plan.kernel = sm80::fwd_kernel_name(sm80::kFwdKernels[plan.kernel_index],
-                                            plan.num_splits > 1, true);
+                                            plan.tile_index, plan.num_splits > 1, true);
     }
     if (plan.kernel_index >= 0) {
       plan.kvcache_on_forward = true;

@@ -15,12 +15,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda/sm80/fwd_tile_table.hpp"
 #include "cuda_harness.hpp"
 #include "flashcpp/flashcpp.hpp"
 
@@ -297,13 +299,8 @@ TEST_P(CudaForwardSm80, SplitKvForcedWithoutWorkspaceThrows) {
   c.Nk = 4096;
   c.num_splits = 3;
   c.give_workspace = false;
-  FwdResult r;
-  try {
-    run_case(c, r);
-    FAIL() << "expected flashcpp::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("workspace: needs"), std::string::npos) << e.what();
-  }
+  const std::string what = error_of<FwdResult>(c);
+  EXPECT_NE(what.find("workspace: needs"), std::string::npos) << what;
 }
 
 TEST_P(CudaForwardSm80, SplitKvHeuristicDecode) {
@@ -314,6 +311,115 @@ TEST_P(CudaForwardSm80, SplitKvHeuristicDecode) {
   c.give_workspace = false;  // no workspace: same answer, unsplit
   const FwdResult r2 = check(c);
   EXPECT_EQ(r2.info.num_splits, 1);
+}
+
+// ---- sm80: tile rows --------------------------------------------------------------------------
+
+// Sets FLASHCPP_SM80_FWD_TILE_D<d> for the scope and puts back what was there (the GPU runs
+// force a row for the whole suite this way: each row's correctness run).
+class ScopedTileOverride {
+ public:
+  ScopedTileOverride(int head_dim, const std::string& name)
+      : var_("FLASHCPP_SM80_FWD_TILE_D" + std::to_string(head_dim)) {
+    if (const char* old = std::getenv(var_.c_str())) old_ = old, had_ = true;
+    setenv(var_.c_str(), name.c_str(), 1);
+  }
+  ~ScopedTileOverride() {
+    if (had_)
+      setenv(var_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(var_.c_str());
+  }
+
+ private:
+  std::string var_, old_;
+  bool had_ = false;
+};
+
+// The shared memory per block the sm80 tile choice may use (the device's opt-in limit or
+// FLASHCPP_SM80_SMEM_BUDGET in KB, the smaller).
+int sm80_budget_bytes() {
+  int device = 0, optin = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+            cudaSuccess);
+  const char* env = std::getenv("FLASHCPP_SM80_SMEM_BUDGET");
+  if (env != nullptr && *env != '\0' && std::atoi(env) * 1024 < optin) return std::atoi(env) * 1024;
+  return optin;
+}
+
+// Every row of the head dims that have several (fwd_tile_table.hpp: d192, d256), forced by
+// name, where the budget holds it: lengths across its query and key blocks (1, 63-65, 113,
+// 129, 203, 257, 300, 1000), causal or not, a window with softcap and GQA, varlen, forced
+// splits; the kernel name says which row ran.
+TEST_P(CudaForwardSm80, EveryTileRow) {
+  const int budget = sm80_budget_bytes();
+  for (int i = 0; i < detail::cuda::kSm80FwdTileCount; ++i) {
+    const detail::cuda::Sm80FwdTile& t = detail::cuda::kSm80FwdTiles[i];
+    if (detail::cuda::sm80_fwd_tile_index_nth(t.head_dim, 1) < 0) continue;  // a single row
+    const std::string name = detail::cuda::sm80_fwd_tile_name(t);
+    if (detail::cuda::sm80_fwd_smem_bytes(t) > budget) {
+      std::printf("[ skipped  ] d%d %s: %d B of shared memory, budget %d B\n", t.head_dim,
+                  name.c_str(), detail::cuda::sm80_fwd_smem_bytes(t), budget);
+      continue;
+    }
+    SCOPED_TRACE("tile d" + std::to_string(t.head_dim) + " " + name);
+    const ScopedTileOverride force(t.head_dim, name);
+    const auto expect_row = [&](const FwdResult& r, const FwdCase& c) {
+      if (r.not_built) return;
+      const std::string expected = std::string("sm80_fwd_") +
+                                   (c.dtype == DType::bf16 ? "bf16" : "fp16") + "_hdim" +
+                                   std::to_string(t.head_dim) + "_" + name +
+                                   (r.info.num_splits > 1 ? "_splitkv" : "");
+      EXPECT_EQ(std::string(r.info.kernel), expected);
+    };
+    const DType dtype = t.head_dim == 192 ? DType::fp16 : DType::bf16;
+    for (auto [nq, nk] : Lengths{{1, 1}, {65, 63}, {113, 203}, {257, 300}, {300, 129}, {1000, 1000}})
+      for (bool causal : {false, true}) {
+        FwdCase c = base();
+        c.dtype = dtype;
+        c.D = t.head_dim;
+        c.Hq = c.Hkv = 2;
+        c.Nq = nq;
+        c.Nk = nk;
+        c.causal = causal;
+        c.num_splits = 1;
+        expect_row(check(c), c);
+      }
+    FwdCase w = base();
+    w.dtype = dtype;
+    w.D = t.head_dim;
+    w.Hq = 4;
+    w.Hkv = 2;
+    w.Nq = 150;
+    w.Nk = 260;
+    w.wl = 17;
+    w.wr = 5;
+    w.softcap = 5.f;
+    w.num_splits = 1;
+    expect_row(check(w), w);
+    FwdCase v = base();
+    v.dtype = dtype;
+    make_varlen_mixed(v, t.head_dim, kVarlenMasks[1]);
+    v.num_splits = 1;
+    expect_row(check(v), v);
+    FwdCase split = base();
+    split.dtype = dtype;
+    split.causal = true;
+    expect_row(check_split_kv_forced(split, t.head_dim), split);
+  }
+}
+
+// A row name the head dim does not have is an error that names the variable and the rows.
+TEST_P(CudaForwardSm80, UnknownTileOverrideIsRefused) {
+  const ScopedTileOverride force(256, "96x64_4w");
+  FwdCase c = base();
+  c.D = 256;
+  c.Nq = c.Nk = 64;
+  const std::string what = error_of<FwdResult>(c);
+  if (what.find("in this build") != std::string::npos) GTEST_SKIP() << what;
+  EXPECT_NE(what.find("FLASHCPP_SM80_FWD_TILE_D256"), std::string::npos) << what;
+  EXPECT_NE(what.find("64x64_4w"), std::string::npos) << what;
 }
 
 // ---- sm90 ---------------------------------------------------------------------------------------
@@ -532,15 +638,9 @@ TEST_P(CudaForwardSm80, HeadDimPairIsRefused) {
   c.D = 192;
   c.Dv = 128;
   c.Nq = c.Nk = 64;
-  FwdResult r;
-  try {
-    run_case(c, r);
-    FAIL() << "expected flashcpp::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("head_dim_v 128"), std::string::npos) << what;
-    EXPECT_NE(what.find("sm90a"), std::string::npos) << what;
-  }
+  const std::string what = error_of<FwdResult>(c);
+  EXPECT_NE(what.find("head_dim_v 128"), std::string::npos) << what;
+  EXPECT_NE(what.find("sm90a"), std::string::npos) << what;
 }
 
 #else  // built without CUDA: the suite still compiles and says why it does nothing

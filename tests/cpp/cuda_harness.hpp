@@ -699,6 +699,20 @@ inline BwdResult check(const BwdCase& c, int repeats = 1) {
   return r;
 }
 
+// The message of the flashcpp::Error that running case `c` must raise (a test failure and ""
+// when it runs instead): for the tests of refused calls.
+template <class Result, class Case>
+std::string error_of(const Case& c) {
+  Result r;
+  try {
+    run_case(c, r);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected flashcpp::Error";
+  return "";
+}
+
 // Why the backward tests of `backend` cannot run here, or empty when they can: for sm90, a
 // 1 x 1 bf16 d64 call tells whether this build has the sm90a backward kernel and this GPU
 // can run it.

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -188,6 +189,14 @@ constexpr bool kPair192x128Built = true;
 constexpr bool kPair192x128Built = false;
 #endif
 
+// Why the automatic backend does not take the sm90a kernels here (empty when it does): not a
+// Hopper GPU, or FLASHCPP_DISABLE_SM90=1, which sends every call to the sm80 kernels.
+std::string automatic_not_sm90_reason() {
+  const char* env = std::getenv("FLASHCPP_DISABLE_SM90");
+  if (env != nullptr && std::string(env) == "1") return "FLASHCPP_DISABLE_SM90=1";
+  return cuda_test::not_sm90_reason();
+}
+
 TEST_F(KvCacheCuda, ContiguousCache) {
   // Decode, GQA 8:1, no append (the token's key is already in the cache), a zero length.
   KvCase decode = gpu_case({0, 1, 300, 1000}, 1, 32, 4, 128, DType::bf16, 0);
@@ -252,7 +261,7 @@ TEST_F(KvCacheCuda, Masks) {
 // length, appends or not.
 TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
   // Chunked prefill with appends: GQA 4:1, bf16 d128, causal.
-  const bool hopper = cuda_test::not_sm90_reason().empty();
+  const bool hopper = automatic_not_sm90_reason().empty();
   check_gpu(gpu_case({0, 100, 1000}, 200, 16, 4, 128, DType::bf16, 0),
             hopper ? "sm90_fwd" : "sm80_fwd");
   // No append (the new keys are in the cache already), a causal window, fp16 d64, MQA.
@@ -287,7 +296,7 @@ TEST_F(KvCacheCuda, PrefillRunsTheForwardKernels) {
 // d256 (80-key blocks), D != Dv, a split call. Pages that hold no whole 16-row box (24 keys)
 // run the paged sm80 forward.
 TEST_F(KvCacheCuda, PagedPrefillOnTheForwardKernels) {
-  const bool hopper = cuda_test::not_sm90_reason().empty();
+  const bool hopper = automatic_not_sm90_reason().empty();
   const char* paged = hopper ? "_ws_paged" : "w_paged";
   KvCase p16 = gpu_case({0, 15, 16, 17, 300}, 64, 16, 4, 128, DType::bf16, 16);
   p16.invalid_unused_slots = true;
@@ -350,7 +359,7 @@ TEST_F(KvCacheCuda, PagedPrefillOnTheSm80Forward) {
 // paged, fp16/bf16 and an fp8 cache, softcap, speculative rows, lse; 9 or more forced splits
 // keep the combine kernel.
 TEST_F(KvCacheCuda, HopperSplitsMergeInACluster) {
-  if (!cuda_test::not_sm90_reason().empty()) GTEST_SKIP() << cuda_test::not_sm90_reason();
+  if (!automatic_not_sm90_reason().empty()) GTEST_SKIP() << automatic_not_sm90_reason();
   check_gpu(gpu_case({4097}, 1, 32, 8, 128, DType::bf16, 0), "_cluster8");
   check_gpu(gpu_case({0, 63, 64, 1000, 4097}, 1, 32, 8, 128, DType::bf16, 0));
   for (int splits : {2, 5, 8}) {

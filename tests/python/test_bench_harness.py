@@ -155,6 +155,12 @@ def test_deterministic_flashcpp_is_an_extra_impl():
     assert a.impl_list == ["flashcpp", "flashcpp_det"]
 
 
+def test_cudnn_fp8_is_an_extra_impl():
+    assert "cudnn_fp8" not in SC.parse_args([]).impl_list
+    a = SC.parse_args(["--dtype", "e4m3", "--modes", "fwd", "--impls", "cudnn_fp8,flashcpp"])
+    assert a.impl_list == ["flashcpp", "cudnn_fp8"]
+
+
 def test_rounds_flag():
     assert SC.parse_args([]).rounds == 2
     assert SC.parse_args(["--rounds", "3"]).rounds == 3
@@ -218,7 +224,7 @@ def test_help_runs_without_torch():
 
 def test_modules_do_not_import_torch_at_top_level():
     code = ("import sys; sys.path.insert(0, %r); import sdpa_compare, peers, reference, timing, "
-            "plots, report; print('torch' in sys.modules)" % BENCH)
+            "plots, report, cudnn_fp8_peer; print('torch' in sys.modules)" % BENCH)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
@@ -290,6 +296,64 @@ def test_table_has_the_deterministic_ratio_when_both_flashcpp_ran():
     header, rows = R.table_rows(rs, ["flashcpp", "flashcpp_det"])
     assert header == ["case", "mode", "flashcpp", "flashcpp_det", "flashcpp/flashcpp_det"]
     assert rows[0][4] == "1.10x"  # the deterministic one's time over the default one's
+
+
+def test_table_has_the_cudnn_fp8_ratio():
+    c = case(D=128, N=16384, dtype="e4m3")
+    rs = [R.Result("flashcpp", c, "fwd", R.OK, ms=2.0, max_err=3e-2),
+          R.Result("cudnn_fp8", c, "fwd", R.OK, ms=2.2, max_err=3e-2)]
+    header, rows = R.table_rows(rs, ["flashcpp", "cudnn_fp8"])
+    assert header == ["case", "mode", "cudnn_fp8", "flashcpp", "flashcpp/cudnn_fp8"]
+    assert rows[0][4] == "1.10x"
+
+
+def test_peer_ran_lines_name_cudnn_fp8s_output_type():
+    c, c2 = case(D=128, N=4096, dtype="e4m3"), case(D=256, N=4096, dtype="e4m3")
+    note = "p10 1.0 ms, p90 1.1 ms; ran O written in e4m3 (scale_o 1), mask none; cuDNN 9.19.0 x"
+    rs = [R.Result("flashcpp", c, "fwd", R.OK, ms=2.0, reason="p10 1 ms; ran cuda_sm90 k"),
+          R.Result("cudnn_fp8", c, "fwd", R.OK, ms=2.2, reason=note),
+          R.Result("cudnn_fp8", c2, "fwd", R.OK, ms=2.2, reason=note),
+          R.Result("cudnn", c, "fwd", R.OK, ms=2.2, reason="p10 1.0 ms, p90 1.1 ms")]
+    lines = R.peer_ran_lines(rs)
+    assert lines == ["cudnn_fp8: O written in e4m3 (scale_o 1), mask none; cuDNN 9.19.0 x"]
+    md = R.summary_markdown(rs, ["flashcpp", "cudnn_fp8"], {}, "cmd", [])
+    assert "- cudnn_fp8: O written in e4m3" in md
+
+
+def test_table_has_ratios_for_flashcpp_env_variants():
+    c = case(D=256, N=1024)
+    rs = [R.Result("fa2", c, "fwd", R.OK, ms=2.0, max_err=1e-3),
+          R.Result("flashcpp", c, "fwd", R.OK, ms=2.2, max_err=1e-3),
+          R.Result("flashcpp[64x64_4w]", c, "fwd", R.OK, ms=1.6, max_err=1e-3)]
+    header, rows = R.table_rows(rs, ["fa2", "flashcpp", "flashcpp[64x64_4w]"])
+    assert header == ["case", "mode", "fa2", "flashcpp", "flashcpp[64x64_4w]", "flashcpp/fa2",
+                      "flashcpp[64x64_4w]/fa2"]
+    assert rows[0][5:] == ["0.91x", "1.25x"]
+
+
+def test_flashcpp_env_spec_and_peers():
+    import peers as P  # noqa: PLC0415
+    assert P.parse_flashcpp_env("FLASHCPP_X_D256=a,b") == ("FLASHCPP_X_D256", ["a", "b"])
+    for bad in ("FLASHCPP_X", "=a", "FLASHCPP_X=", "FLASHCPP X=a", "FLASHCPP_X=a,a"):
+        with pytest.raises(ValueError):
+            P.parse_flashcpp_env(bad)
+    peers = P.make_peers(["fa2", "flashcpp"], flashcpp_backend="cuda_sm80",
+                         flashcpp_env=("FLASHCPP_TEST_ENV_PEER", ["a", "b"]))
+    assert [p.name for p in peers] == ["fa2", "flashcpp", "flashcpp[a]", "flashcpp[b]"]
+    assert peers[2].backend == "cuda_sm80"
+    os.environ.pop("FLASHCPP_TEST_ENV_PEER", None)
+    with peers[3].context():
+        assert os.environ["FLASHCPP_TEST_ENV_PEER"] == "b"
+    assert "FLASHCPP_TEST_ENV_PEER" not in os.environ  # put back as it was: unset
+    os.environ["FLASHCPP_TEST_ENV_PEER"] = "x"
+    with peers[2].context():
+        assert os.environ["FLASHCPP_TEST_ENV_PEER"] == "a"
+    assert os.environ.pop("FLASHCPP_TEST_ENV_PEER") == "x"
+    a = SC.parse_args(["--impls", "fa2,flashcpp", "--flashcpp-env", "FLASHCPP_TEST_ENV_PEER=a,b"])
+    assert sorted(a.columns[:2]) == ["fa2", "flashcpp"]
+    assert a.columns[2:] == ["flashcpp[a]", "flashcpp[b]"]
+    with pytest.raises(SystemExit):
+        SC.parse_args(["--flashcpp-env", "FLASHCPP_TEST_ENV_PEER"])
 
 
 def test_table_without_flashcpp_has_no_ratio():
@@ -465,3 +529,49 @@ def test_flashcpp_peer_modes_pass_the_check_on_cpu(mode, name):
     assert set(errs) == expected[mode]
     assert max(errs.values()) < 1e-5, errs
     assert peer.describe().startswith("cpu ")
+
+
+# ---------------------------------------------------------------- cuDNN FP8 peer, no GPU
+
+
+def test_cudnn_fp8_peer_without_the_package_is_na(monkeypatch):
+    """No cudnn frontend package: available() gives the reason (naming the wheel) instead of
+    raising, and the run records n/a with it."""
+    import peers as P  # noqa: PLC0415
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn raises ImportError
+    peer = P.make_peers(["cudnn_fp8"])[0]
+    why = peer.available()
+    assert why and "nvidia-cudnn-frontend" in why and "import cudnn failed" in why
+    assert not peer.has_backward and peer.takes_fp8
+
+
+def test_cudnn_fp8_peer_takes_only_fp8_forward():
+    import peers as P  # noqa: PLC0415
+    peer = P.make_peers(["cudnn_fp8"])[0]
+    bf16 = SC.make_and_check(peer, case(dtype="bf16"), "fwd", ref=None)
+    assert bf16.status == R.NA and "only fp8" in bf16.reason
+    bwd = SC.make_and_check(peer, case(dtype="e4m3"), "bwd", ref=None)
+    assert bwd.status == R.NA and bwd.reason == "no backward"
+    flashcpp = P.make_peers(["flashcpp"])[0]
+    assert SC.dtype_refusal(flashcpp, case(dtype="e4m3")) == ""
+    assert SC.dtype_refusal(P.make_peers(["cudnn"])[0], case(dtype="e4m3"))
+
+
+def test_cudnn_fp8_graph_attempts():
+    import cudnn_fp8_peer as CF  # noqa: PLC0415
+    full = CF.graph_attempts(False, 4096, 4096)
+    assert full[0] == CF.Attempt("bf16", "none") and {a.mask for a in full} == {"none"}
+    assert [a.out for a in full][::4] == ["bf16", "fp16", "e4m3"]
+    assert len(full) == len(set(full)) == 12
+    causal = CF.graph_attempts(True, 4096, 4096)
+    assert causal[0] == CF.Attempt("bf16", "bottom_right")
+    assert {a.mask for a in causal} == {"bottom_right", "bottom_right_flag", "causal_flag"}
+    # the plain causal flag is top-left aligned: not flashcpp's mask when Nq != Nk
+    refusal = ("cudnnGraphNotSupportedError: no engine — python or backend — proposed a plan for "
+               "this graph (the backend declined: sdpa fp8 forward with HALF/BFLOAT16 output is "
+               "only supported on Blackwell; python engines declined: sdpa_fwd_prefill_sm90: x)")
+    assert CF.backend_reason(refusal) == ("sdpa fp8 forward with HALF/BFLOAT16 output is only "
+                                          "supported on Blackwell")
+    assert CF.backend_reason("TypeError: y") == "TypeError: y"
+    assert {a.mask for a in CF.graph_attempts(True, 1024, 4096)} == {"bottom_right",
+                                                                     "bottom_right_flag"}

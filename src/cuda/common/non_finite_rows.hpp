@@ -16,8 +16,10 @@
 
 namespace flashcpp::detail::cuda {
 
+// Bit 15 (16) of a word set where its low (high) 16-bit value of the chunk is not finite, for
+// any of the chunk's four words: OR these over many chunks and test once.
 template <class Element>
-__device__ __forceinline__ bool chunk_non_finite(uint4 c) {
+__device__ __forceinline__ std::uint32_t non_finite_lanes(uint4 c) {
   static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
   constexpr std::uint32_t kAbs = 0x7fff7fffu;
   constexpr bool kHalf =
@@ -25,7 +27,27 @@ __device__ __forceinline__ bool chunk_non_finite(uint4 c) {
   constexpr std::uint32_t kBias = kHalf ? 0x04000400u : 0x00800080u;
   const std::uint32_t t = ((c.x & kAbs) + kBias) | ((c.y & kAbs) + kBias) |
                           ((c.z & kAbs) + kBias) | ((c.w & kAbs) + kBias);
-  return (t & 0x80008000u) != 0;
+  return t & 0x80008000u;
+}
+
+template <class Element>
+__device__ __forceinline__ bool chunk_non_finite(uint4 c) {
+  return non_finite_lanes<Element>(c) != 0;
+}
+
+// Whether a 16-byte chunk of 16-bit values holds a NaN (Inf does not count): |x| above the
+// all-ones exponent with a zero mantissa, lane by lane.
+template <class Element>
+__device__ __forceinline__ bool chunk_has_nan(uint4 c) {
+  static_assert(sizeof(Element) == 2, "16-bit elements, two per word");
+  constexpr bool kHalf =
+      std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, __half>;
+  constexpr std::uint32_t kInf = kHalf ? 0x7c00u : 0x7f80u;
+  const std::uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) nan |= (w[i] & 0x7fffu) > kInf || (w[i] >> 16 & 0x7fffu) > kInf;
+  return nan;
 }
 
 // Whether one of a 16-byte chunk's sixteen e4m3 (fn) values is NaN, the format's only

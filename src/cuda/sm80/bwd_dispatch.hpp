@@ -11,7 +11,7 @@
 #include "cuda/common/intern_name.hpp"
 #include "cuda/common/kernel_registry.hpp"
 #include "cuda/common/bwd_kernel_params.hpp"
-#include "cuda/sm80/bwd_smem_budget.hpp"
+#include "cuda/sm80/smem_budget.hpp"
 #include "cuda/sm80/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm80 {
@@ -40,10 +40,10 @@ inline const BwdKernel* find_bwd_kernel(const ForwardParams& p) {
 }
 
 // RunInfo::kernel, e.g. "sm80_bwd_bf16_hdim128_64x128_8w_q2do2_deterministic": the main kernel's
-// tile row for this device's shared-memory budget (bwd_smem_budget.hpp); "_nosmem" when no
+// tile row for this device's shared-memory budget (smem_budget.hpp); "_nosmem" when no
 // row fits (the launch then throws, naming the bytes needed).
 inline const char* bwd_kernel_name(const BwdKernel& k, bool deterministic, int device) {
-  const int index = sm80_bwd_tile_index(k.head_dim, sm80_bwd_smem_budget(device));
+  const int index = sm80_bwd_tile_index(k.head_dim, sm80_smem_budget(device));
   std::string tile = "nosmem";
   if (index >= 0) {
     const Sm80BwdTile t = kSm80BwdTiles[index];

@@ -13,6 +13,7 @@
 
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm80/bwd_non_finite.hpp"
 #include "cuda/sm80/bwd_tile_math.hpp"
 #include "cuda/sm80/bwd_traits.hpp"
 
@@ -71,6 +72,10 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads)
     s_dp_products<Tr>(sm);
     __syncthreads();
     p_ds<Tr, false>(kp, mask, m0, n0, sq, sm);
+    // A block the mask cuts: K's NaN chunks would reach the rows that do not see them
+    // through dS = 0 (bwd_non_finite.hpp); zeroed after S, before dQ += dS K.
+    if (!mask.tile_unmasked(m_block, BM, n_block, BN))
+      OwnChunks<void, BN, kHeadDim, Tr::kThreads, Tr::kLd>::template zero<true>(sm.k);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < Tr::kDqTilesPerWarp; ++c) {

@@ -24,6 +24,7 @@
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm80/bwd_dq_accum_layout.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
+#include "cuda/sm80/bwd_non_finite.hpp"
 #include "cuda/sm80/bwd_p_ds.hpp"
 #include "cuda/sm80/bwd_traits.hpp"  // ws_row
 #include "cuda/sm80/bwd_warp_gemm.hpp"
@@ -167,6 +168,16 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
   const bool softcap = p.softcap > 0.f;
   const bool atomic_dq = !p.deterministic;  // uniform over the grid
 
+  // Some step is cut (the cut blocks lie at the ends of m_range): K's NaN chunks are zeroed
+  // before the first one (bwd_non_finite.hpp); the loop's first barrier publishes the zeros.
+  using KChunks = OwnChunks<KTile, BN, Tr::kHeadDim, Tr::kThreads>;
+  if (n_steps > 0 && (!mask.tile_unmasked(m_range.begin, BM, n_block, BN) ||
+                      !mask.tile_unmasked(m_range.end - 1, BM, n_block, BN))) {
+    cp_async_wait<1>();  // K and V landed
+    __syncthreads();     // ... for every thread
+    if (__syncthreads_or(KChunks::template any<true>(sK))) KChunks::template zero<true>(sK);
+  }
+
   // Steps go head-major: the query blocks of head hk * group, then of the next head, ...
   int hq = hk * group, m_block = m_range.begin;
   for (int i = 0; i < n_steps; ++i) {
@@ -196,6 +207,12 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
 
     cp_async_wait<0>();  // this step's Q and dO (and, the first time, K and V) landed
     __syncthreads();     // ... for every thread; every warp is done with step i - 1
+    // A step the mask cuts: whether this thread's share of Q and dO holds NaN or Inf, voted
+    // on at the P/dS barrier below (bwd_non_finite.hpp).
+    const bool cut = !mask.tile_unmasked(m_block, BM, n_block, BN);
+    using QChunks = OwnChunks<QTile, BM, Tr::kHeadDim, Tr::kThreads>;
+    const bool q_do_bad =
+        cut && (QChunks::template any<false>(sQ) || QChunks::template any<false>(sdO));
     // Two buffers: the next block's loads go to the one step i - 1 read.
     if (i + 1 < n_steps) {
       if constexpr (Tr::kQStages == 2) load_next(kIsQ, q_stage ^ 1);
@@ -214,11 +231,17 @@ __global__ void __launch_bounds__(BwdMainTraits<Element, kTileIndex>::kThreads, 
       p_ds_in_registers<true>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
     else
       p_ds_in_registers<false>(acc_s, acc_dp, lse, dsum, kp.scale_log2, kp.softcap_in_scale);
-    if (!mask.tile_unmasked(m_block, BM, n_block, BN))
-      mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
+    if (cut) mask_p_ds(acc_s, acc_dp, mask, m0, s_row0, n0, s_col0, BN);
     store_acc<PTile>(sP, acc_s, s_row0, s_col0);
     store_acc<PTile>(sdS, acc_dp, s_row0, s_col0);
-    __syncthreads();  // P and dS of the whole block are in shared memory
+    // P and dS of the whole block are in shared memory. A cut step also votes on whether its
+    // Q or dO holds NaN or Inf; the rare path cleans them (bwd_non_finite.hpp).
+    if (cut) {
+      if (__syncthreads_or(q_do_bad))
+        clean_cut_step<Tr>(const_cast<Element*>(sQ), const_cast<Element*>(sdO), sP, sdS);
+    } else {
+      __syncthreads();
+    }
 
     // dQ_accum += dS K (unscaled; the post-pass multiplies by scale): A = dS (stored
     // [query][key]: plain), B = K (stored [key][d] = [k][n]: .trans). A whole block goes in

@@ -14,7 +14,7 @@
 #include "cuda/sm80/bwd_kernel.hpp"
 #include "cuda/sm80/bwd_main_traits.hpp"
 #include "cuda/sm80/bwd_prepost.hpp"
-#include "cuda/sm80/bwd_smem_budget.hpp"
+#include "cuda/sm80/smem_budget.hpp"
 #include "cuda/sm80/bwd_traits.hpp"
 #include "flashcpp/error.hpp"
 
@@ -68,7 +68,7 @@ void run_bwd(const BwdKernelParams& kp, cudaStream_t stream) {
   static_assert(sm80_bwd_tile_index_nth(kHeadDim, 3) < 0, "at most three rows per head dim");
   int device = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
-  const int budget = sm80_bwd_smem_budget(device);
+  const int budget = sm80_smem_budget(device);
   const int tile = sm80_bwd_tile_index(kHeadDim, budget);
   if (tile < 0) {
     const int smallest = sm80_bwd_smem_bytes(kSm80BwdTiles[kLastTile]);

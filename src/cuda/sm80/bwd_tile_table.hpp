@@ -39,7 +39,7 @@ constexpr int sm80_bwd_smem_bytes(Sm80BwdTile t) {
 }
 
 // Rows of one head dim go largest shared memory first; the launcher takes the first row that
-// fits the device's per-block opt-in (or FLASHCPP_SM80_SMEM_BUDGET, bwd_smem_budget.hpp):
+// fits the device's per-block opt-in (or FLASHCPP_SM80_SMEM_BUDGET, smem_budget.hpp):
 // 227 KB on H100/H200, 163 KB on A100, 99 KB on sm86/sm89 (a head dim has at most three rows;
 // only d256 has one above 163 KB: FA2's H100 choice, Q double-buffered).
 // Registers per thread (8 warps): dK + dV are 2 * block_n * head_dim / 256 floats, S + dP

@@ -31,7 +31,7 @@ struct FwdEpilogue {
     const int tid = threadIdx.x;
     const int m0 = tile.m_block * kBlockM;
     const int rows = seq.seqlen_q - m0;
-    typename Traits::TiledMma tiled_mma;
+    typename Traits::TiledMmaO tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(tid);
     // (row, col) of each accumulator element; column 0 of the (row, col) view tells each
     // thread which rows it holds (the quad's lane 0 owns col 0 of its rows).

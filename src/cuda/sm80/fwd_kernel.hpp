@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
   const BlockRange unmasked = mask.unmasked_blocks(tile.m_block, kBlockM, kBlockN);
 
-  typename Traits::TiledMma tiled_mma;
+  typename Traits::TiledMmaO tiled_mma;
   Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});
   clear(acc_o);
   constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;

@@ -47,9 +47,25 @@ struct OnlineSoftmax {
   // result is the softmax whatever offsets were used.
   static constexpr float kMaxGrowthLog2 = 8.f;
 
+  // Each row's max over the block (s in (row, col) view), reduced over the quad.
+  template <class TensorS>
+  __forceinline__ __device__ static void block_max(TensorS const& s, float (&max)[kRows]) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    constexpr int kCols = decltype(size<1>(s))::value;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float t[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) t[c] = s(r, c);
+      max[r] = quad_max(chain4_reduce(t, [](float a, float b) { return fmaxf(a, b); }));
+    }
+  }
+
   // s: S accumulator in (row, col) view, overwritten with unnormalised P.
   // o: O accumulator in (row, col) view.
   // kCheckInf: s may hold -inf (a masked block), so a row max can still be -inf.
+  // (The max and the growth test in one loop: as two loops, the d256 128x64 two-buffer
+  // kernel spilled 272/304 B.)
   template <bool kCheckInf, class TensorS, class TensorO>
   __forceinline__ __device__ void update(TensorS& s, TensorO& o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
@@ -66,6 +82,30 @@ struct OnlineSoftmax {
       // the first visible keys of a row give +inf.
       grow |= (block_max[r] - row_max[r]) * scale_log2 > kMaxGrowthLog2;
     }
+    rescale_and_exponentiate<kCheckInf>(s, o, block_max, grow, scale_log2);
+  }
+
+  // update with the block's row maxima given (warp pairs: the max of both halves of the row;
+  // block_max[r] >= every s(r, c)).
+  template <bool kCheckInf, class TensorS, class TensorO>
+  __forceinline__ __device__ void update_with_max(TensorS& s, TensorO& o,
+                                                  const float (&block_max)[kRows],
+                                                  float scale_log2) {
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      grow |= (block_max[r] - row_max[r]) * scale_log2 > kMaxGrowthLog2;
+    rescale_and_exponentiate<kCheckInf>(s, o, block_max, grow, scale_log2);
+  }
+
+  // The rest of update: O and the sums rescaled where `grow` (some row of the warp) asks,
+  // then s -> exp2(s * scale - max * scale) and the row sums.
+  template <bool kCheckInf, class TensorS, class TensorO>
+  __forceinline__ __device__ void rescale_and_exponentiate(TensorS& s, TensorO& o,
+                                                           const float (&block_max)[kRows],
+                                                           bool grow, float scale_log2) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    constexpr int kCols = decltype(size<1>(s))::value;
     if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {

@@ -9,6 +9,7 @@
 // and the mask rule (common/mask.hpp), which says which query blocks a key block meets. The
 // shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
+//                    warps 2 and 3 clean the tiles the mask cuts (bwd_non_finite.hpp);
 //                    deterministic d128: one thread of warp 1 adds the staged dQ blocks
 //                    (Mainloop::write_dq, bwd_mainloop.hpp);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240); 64 keys each, or half the
@@ -21,6 +22,7 @@
 
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/bwd_tile_scheduler.hpp"
 
@@ -64,6 +66,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.kv_full, 1);
+    BwdNonFinite<Traits>::init(ss);
     if constexpr (Mainloop::kDqWriter) {
       for (int s = 0; s < Traits::kStages; ++s) {
         cutlass::arch::ClusterBarrier::init(&ss.dq_full[s], 1);
@@ -75,7 +78,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
                             : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
-  pp.num_consumers = Traits::kConsumerThreads;
+  // One scanner thread releases each Q and dO stage too (bwd_non_finite.hpp).
+  pp.num_consumers = BwdNonFinite<Traits>::kRingConsumers;
   // Both constructors initialise their barriers from warp 0 and fence the initialisation;
   // each pipeline keeps its own copy of the parameters (a Q block is D wide, a dO block Dv).
   pp.transaction_bytes = Traits::kQStageBytes;
@@ -92,12 +96,19 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp == 0 && elected && has_work)
-      Producer{}.load(params, seq, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do,
-                      ss);
-    if constexpr (Mainloop::kDqWriter) {
-      if (warp == 1 && elected && has_work)
-        Mainloop{}.write_dq(kp, mask, n_block, head_kv, batch, m_range, ss);
+    // One role per warp, in exclusive branches: at 24 registers, what one role needs must not
+    // stay live through another's loop.
+    if (warp == 0) {
+      if (elected && has_work)
+        Producer{}.load(params, seq, n_block, head_kv, batch, m_range, pipeline_q, pipeline_do,
+                        ss);
+    } else if (warp == 1) {
+      if constexpr (Mainloop::kDqWriter) {
+        if (elected && has_work)
+          Mainloop{}.write_dq(kp, mask, n_block, head_kv, batch, m_range, ss);
+      }
+    } else if (has_work) {
+      BwdNonFinite<Traits>::scanner(ss, mask, m_range, n_block, p.heads_q / p.heads_kv, warp);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

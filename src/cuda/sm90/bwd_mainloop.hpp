@@ -41,6 +41,7 @@
 #include "cuda/sm90/bulk_reduce.hpp"
 #include "cuda/sm90/bwd_dq_order.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -168,6 +169,7 @@ struct BwdMainloop {
         zero_rows_and_sync(mask.seqlen_k - n0, tid, Traits::kConsumerThreads,
                            NamedBarrier::kBwdKvTail, sK, sV);
       }
+      BwdNonFinite<Traits>::kv_tail_zeroed(ss);  // (the scanners read K after it)
     }
     if constexpr (Traits::kKVInRegisters) {
       // This warpgroup's K and V rows as register A operands, for the whole loop.
@@ -180,15 +182,10 @@ struct BwdMainloop {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         pipeline_q.consumer_wait(state);
-        // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
-        // warpgroups write the same zeros; each waits for its own before its products).
+        // Varlen: the scanners zero the Q and dO rows past the sequence's end in the stage
+        // (bwd_non_finite.hpp); a tile with such rows waits for them before its products.
         if constexpr (Traits::kVarlen) {
-          if (m0 + kBlockM > mask.seqlen_q) {
-            pipeline_do.consumer_wait(state);
-            zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
-                               NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
-                               sdO(_, _, state.index()));
-          }
+          if (m0 + kBlockM > mask.seqlen_q) BwdNonFinite<Traits>::wait_clean(ss, state);
         }
         wgmma<true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), acc_s);
         pipeline_do.consumer_wait(state);
@@ -216,6 +213,23 @@ struct BwdMainloop {
               return q >= first[r] && q <= last[r] ? x : 0.f;
             }
             return x;
+          };
+          // A cut tile (bwd_non_finite.hpp): dS = 0 at the hidden pairs whatever dP and dsum
+          // hold (the key windows recomputed: kept live across the dP^T wait they cost
+          // registers); the products after this read Q, dO and K, so wait until they are
+          // clean; a zeroed dO row's dsum is not finite: 0 * dS makes its P NaN at the pairs
+          // it sees, so dV of those keys stays NaN.
+          auto select_ds = [&] {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              mask.col_window(n0 + get<0>(cS_rc(r, 0)), m0, kBlockM, first[r], last[r]);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) dp_rc(r, c) = keep(r, c, dp_rc(r, c));
+            }
+            if (BwdNonFinite<Traits>::wait_clean(ss, state)) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) += 0.f * acc_dp(i);
+            }
           };
           // The statistics are loaded before the accumulator waits: shared memory is busy with
           // wgmma operands and TMA writes, and a load issued after the wait put its whole
@@ -272,6 +286,7 @@ struct BwdMainloop {
                 }
             }
           }
+          if constexpr (kMasked) select_ds();
         };
         // Only tiles crossing a band edge or a sequence end carry the per-element mask.
         if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))

@@ -24,6 +24,7 @@
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/zero_rows.hpp"
 #include "cuda/common/fast_exp2.hpp"
 #include "cuda/sm90/bwd_dq_convert.hpp"
@@ -120,6 +121,7 @@ struct BwdMainloopSplitD {
         zero_rows_and_sync(mask.seqlen_k - n0, tid, Traits::kConsumerThreads,
                            NamedBarrier::kBwdKvTail, sK, sV);
       }
+      BwdNonFinite<Traits>::kv_tail_zeroed(ss);  // (the scanners read K after it)
     }
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       for (int m = m_range.begin; m < m_range.end; ++m) {
@@ -128,15 +130,10 @@ struct BwdMainloopSplitD {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         pipeline_q.consumer_wait(state);
-        // Varlen: Q and dO rows past the sequence's end are zeroed in the stage (both
-        // warpgroups write the same zeros; each waits for its own before its products).
+        // Varlen: the scanners zero the Q and dO rows past the sequence's end in the stage
+        // (bwd_non_finite.hpp); a tile with such rows waits for them before its products.
         if constexpr (Traits::kVarlen) {
-          if (m0 + kBlockM > mask.seqlen_q) {
-            pipeline_do.consumer_wait(state);
-            zero_rows_and_sync(mask.seqlen_q - m0, tid % 128, 128,
-                               NamedBarrier::kEpilogue0 + tid / 128, sQ(_, _, state.index()),
-                               sdO(_, _, state.index()));
-          }
+          if (m0 + kBlockM > mask.seqlen_q) BwdNonFinite<Traits>::wait_clean(ss, state);
         }
         Tensor tSrQ_s = tSrQ(_, _, _, stage);
         wgmma<true>(mma_sdp, tSrQ_s, tSrK, acc_s);
@@ -177,6 +174,19 @@ struct BwdMainloopSplitD {
             }
             return x;
           };
+          // A cut tile: as in bwd_mainloop.hpp (bwd_non_finite.hpp).
+          auto select_ds = [&] {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              mask.row_window(m0 + get<0>(cS_rc(r, 0)), n0, kBlockN, first[r], last[r]);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) dp_rc(r, c) = keep(r, c, dp_rc(r, c));
+            }
+            if (BwdNonFinite<Traits>::wait_clean(ss, state)) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) += 0.f * acc_dp(i);
+            }
+          };
           warpgroup_wait<1>();  // S done; dP still running
           warpgroup_fence_operand(acc_s);
           if (!has_softcap) {
@@ -207,6 +217,7 @@ struct BwdMainloopSplitD {
                 dp_rc(r, c) = pr * (dp_rc(r, c) - dsum[r]) * (1.f - t * t);
               }
           }
+          if constexpr (kMasked) select_ds();
         };
         if (mask.tile_unmasked(m, kBlockM, n_block, kBlockN))
           probabilities_and_ds(std::false_type{});

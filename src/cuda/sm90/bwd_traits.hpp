@@ -22,6 +22,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -187,6 +188,7 @@ struct BwdTraits {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+    BwdNonFiniteStorage<kStages> non_finite;  // the cut tiles' scan (bwd_non_finite.hpp)
     // Deterministic d128 only: the dQ stages' full and empty barriers between the consumers
     // and the dQ writer thread (bwd_mainloop.hpp). Unused otherwise; they sit in the tail
     // padding of the 1024-byte alignment, so the storage's size does not change.

@@ -23,6 +23,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cuda/sm90/bwd_non_finite.hpp"
 #include "cuda/sm90/bwd_tile_table.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -180,6 +181,7 @@ struct BwdTraitsSplitD {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
+    BwdNonFiniteStorage<kStages> non_finite;  // the cut tiles' scan (bwd_non_finite.hpp)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");

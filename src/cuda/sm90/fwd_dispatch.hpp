@@ -7,6 +7,7 @@
 // descriptor cannot describe (every stride a multiple of 16 bytes, every base pointer 16-byte
 // aligned; varlen tensors of 2^31 rows or more). head_dim_v != head_dim runs here only, on the
 // (D, Dv) pair instantiations of FLASHCPP_HEAD_DIM_PAIRS.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -137,12 +138,18 @@ inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
 }
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
-// "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache).
+// "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache; FP8 with
+// P V chunks "sm90_fwd_fp8_e4m3_hdim256_128x96_s2_pv32x2_ws": chunk width x temporaries).
 inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false) {
   const Sm90FwdTile t = fwd_tile_of(k);
+  const std::string pv_chunks =
+      t.pv_chunk > 0 ? "_pv" + std::to_string(t.pv_chunk) + "x" +
+                           std::to_string(std::min(t.pv_temps, t.head_dim_v / t.pv_chunk))
+                     : "";
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
-                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) + "_ws" +
+                     "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) +
+                     pv_chunks + "_ws" +
                      (paged ? "_paged" : "") + (split ? "_splitkv" : ""));
 }
 

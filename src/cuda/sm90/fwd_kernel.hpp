@@ -8,7 +8,9 @@
 //   Epilogue   stores O and lse of a tile: operator()(...) and drain(tid) (fwd_epilogue.hpp);
 // and the mask rule (common/mask.hpp), which says which key blocks a tile visits. The shell
 // only assigns warpgroup roles and walks the scheduler's tiles:
-//   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
+//   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA,
+//                    warps 1-3 check the V of the key blocks the mask cuts
+//                    (fwd_non_finite_v.hpp; not FP8);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -18,6 +20,7 @@
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/common/tile_coord.hpp"
+#include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/softmax.hpp"
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, Traits::kConsumerThreads);
     DynamicTileQueue::init(ss.tile_queue, Traits::kConsumerThreads);
+    if constexpr (Traits::kScanV) FwdNonFiniteV<Traits>::init(ss);
     cutlass::arch::fence_barrier_init();
   }
   typename Pipeline::Params pp;
@@ -99,6 +103,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   pp.transaction_bytes = Traits::kKStageBytes;
   Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
   pp.transaction_bytes = Traits::kVStageBytes;
+  // The V scan's warp 1 releases each V stage too (fwd_non_finite_v.hpp).
+  if constexpr (Traits::kScanV) pp.num_consumers = Traits::kConsumerThreads + 1;
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
@@ -108,12 +114,15 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
   // the counter and hands to the consumers through the tile queue.
   using Work = TileWork<Scheduler, kBlockM, kBlockN>;
   const int num_slots = Scheduler::num_slots(kp);
-  const bool dynamic = Traits::kVarlen && kp.tile_counter != nullptr;
+  // (The paged instantiation runs for KV-cache calls, planned without a tile counter: static.)
+  const bool dynamic = Traits::kVarlen && !Traits::kPaged && kp.tile_counter != nullptr;
 
   Mainloop mainloop;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp == 0 && elected) {
+    // One elected thread issues the loads; the paged instantiation's whole warp 0, whose lanes
+    // look up and issue the boxes of a key block side by side (fwd_mainloop.hpp).
+    if (warp == 0 && (Traits::kPaged || elected)) {
       PipelineState state = cutlass::make_producer_start_state<Pipeline>();
       int work = 0;
       // The dynamic walk: from a candidate slot, skip the holes and hand the slot (or the end)
@@ -140,6 +149,14 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
                       state, pipeline_k, pipeline_v, ss);
         ++work;
       }
+      if constexpr (Traits::kScanV) {
+        // Every V stage released (every cut load scanned): the scanner may stop.
+        pipeline_v.producer_tail(state);
+        if (threadIdx.x == 0) FwdNonFiniteV<Traits>::end_scans(ss, work, state);
+      }
+    } else if (warp > 0) {
+      if constexpr (Traits::kScanV)
+        FwdNonFiniteV<Traits>::scanner(ss, kp.p.window_left, kp.p.window_right);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

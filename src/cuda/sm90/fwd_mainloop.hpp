@@ -22,21 +22,25 @@
 // takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
 //
 // FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
-// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), and the
-// q and k descales of the tile's (sequence, kv head) scale the scores.
+// packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), the
+// q and k descales of the tile's (sequence, kv head) scale the scores, and each key block's
+// P V is summed apart from O in chunks of Dv columns (fp8_pv_chunks.hpp): the first chunk
+// runs under the softmax of S_n, the others after it (with two temporaries, each while the
+// one before is added to O).
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/fragment_utils.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/seqlen_info.hpp"
+#include "cuda/sm90/fp8_pv_chunks.hpp"
 #include "cuda/sm90/fp8_pv_order.hpp"
 #include "cuda/sm90/fp8_vt_layout.hpp"
+#include "cuda/sm90/fwd_non_finite_v.hpp"
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/named_barriers.hpp"
 #include "cuda/sm90/softmax.hpp"
 #include "cuda/sm90/wgmma.hpp"
-#include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -70,6 +74,8 @@ struct FwdMainloop {
   // `state` is the K/V ring position, carried from tile to tile. The first K block is issued
   // before waiting for the Q buffer, which frees only when the previous tile's last S = Q K^T
   // has completed. `batch` is the tile's sequence (the paged instantiation's block table row).
+  // The V of a key block the mask cuts is scanned for NaN/Inf before the consumers use it
+  // (fwd_non_finite_v.hpp).
   __device__ void load(const FwdParams<Traits>& params, const SeqlenInfo& seq, int m_block,
                        int head, int batch, BlockRange range, int work, PipelineState& state,
                        Pipeline& pipeline_k, Pipeline& pipeline_v, SharedStorage& ss) const {
@@ -87,13 +93,21 @@ struct FwdMainloop {
                                       group_modes<0, 2>(gQ));
 
     // Q is read by this CTA only; K and V by every query tile of the head: keep them in L2.
+    // The paged instantiation runs this on the 32 lanes of warp 0: thread 0 leads (Q, and the
+    // pipelines' arrivals: their is_leader).
     using cute::TMA::CacheHintSm90;
+    const bool leader = !Traits::kPaged || threadIdx.x == 0;
+    if constexpr (Traits::kScanV)
+      if (leader)
+        FwdNonFiniteV<Traits>::publish_tile(ss, work, range, m_block, seq.seqlen_q, seq.seqlen_k);
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
-                                                                     Traits::kQBytes);
-      copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      if (leader) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.q_full,
+                                                                       Traits::kQBytes);
+        copy(params.tma_q.with(ss.q_full, 0, CacheHintSm90::EVICT_FIRST), tQgQ, tQsQ);
+      }
       load_v(range.end - 1);
       for (int n = range.end - 2; n >= range.begin; --n) {
         load_k(n);
@@ -177,16 +191,6 @@ struct FwdMainloop {
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // descriptors (1, 1, D/16)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (1, 1, D/16, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (1, 1, kBlockN/16, stages)
-    // Traits::kQDescPerIteration: the steady-state loop rebuilds Q's descriptors from an opaque
-    // copy of Q's address in every iteration. Otherwise the compiler keeps all D/16 of them
-    // (64-bit each) live across the loop, which at d256 spilled: six 8-byte reloads per key
-    // block. K's and V's (indexed by the stage) made no difference when rebuilt too.
-    auto q_operand = [&] {
-      Element* q = ss.q.data();
-      asm volatile("mov.b64 %0, %0;" : "+l"(q));
-      return thr_qk.partition_fragment_A(
-          make_tensor(make_smem_ptr(q), typename Traits::SmemLayoutQ{}));
-    };
     // (row, col) of every S element in the 128 x kBlockN tile (rows include this
     // warpgroup's 64-row offset).
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -194,26 +198,47 @@ struct FwdMainloop {
 
     constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
     Tensor o_rc = make_tensor(acc_o.data(), wgmma_acc_rowcol(acc_o.layout()));
-    // FP8 with Traits::kFp8PvPromote: each key block's P V goes into a fresh accumulator that
-    // is added to O in fp32 once complete. The e4m3 wgmma adds into its accumulator with only
-    // ~13 bits below the largest term, so an O carried across the whole row by the tensor
-    // cores stops taking small increments once it is ~2^8 times larger than them (long rows).
-    auto acc_pv = [&] {
-      if constexpr (Traits::kFp8PvPromote)
-        return partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+    // One key block's P V: pv_start issues it (inside the ping-pong turn); pv_finish waits for
+    // it, calls done() once the product no longer reads P's registers or the V stage, and
+    // leaves O = (O + P V), times each row's o_scale with rescale (true_type). FP8 with
+    // Traits::kPvChunk: summed apart from O in chunks of Dv columns and added to O in fp32
+    // (fp8_pv_chunks.hpp: the FP8 adder of the tensor cores would drop small terms from an O
+    // carried along a long row); otherwise O is the tensor cores' accumulator.
+    constexpr bool kChunked = Traits::kPvChunk > 0;
+    auto chunks = [&] {
+      if constexpr (kChunked)
+        return Fp8PvChunks<Traits>{};
       else
         return 0;
     }();
-    auto pv = [&](auto& p_operand, const auto& v_operand) {
-      if constexpr (Traits::kFp8PvPromote)
-        wgmma<true>(mma_pv, p_operand, v_operand, acc_pv);
+    auto tOrVChunks = [&] {
+      if constexpr (kChunked)
+        return chunks.b_fragments(tid, sVt);  // (1, chunk, kBlockN/32, stages)
       else
-        wgmma<false>(mma_pv, p_operand, v_operand, acc_o);
+        return 0;
+    }();
+    // The wgmma commit groups pv_start leaves pending.
+    constexpr int kPvGroups = [] {
+      if constexpr (kChunked)
+        return Fp8PvChunks<Traits>::kGroupsInFlight;
+      else
+        return 1;
+    }();
+    auto pv_start = [&](auto& p_operand, int stage) {
+      if constexpr (kChunked)
+        chunks.start(p_operand, tOrVChunks, stage);
+      else
+        wgmma<false>(mma_pv, p_operand, tOrV(_, _, _, stage), acc_o);
     };
-    auto fold_pv = [&] {  // after the block's P V has completed
-      if constexpr (Traits::kFp8PvPromote) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_o); ++i) acc_o(i) += acc_pv(i);
+    auto pv_finish = [&](auto rescale, auto& p_operand, int stage, const auto& o_scale,
+                         auto&& done) {
+      if constexpr (kChunked) {
+        chunks.template finish<decltype(rescale)::value>(p_operand, tOrVChunks, stage, o_rc,
+                                                         o_scale, done);
+      } else {
+        warpgroup_wait<0>();
+        done();
+        if constexpr (decltype(rescale)::value) Softmax<kRows>::rescale_o(o_rc, o_scale);
       }
     };
     const int m0 = m_block * kBlockM;
@@ -264,17 +289,39 @@ struct FwdMainloop {
                                      : NamedBarrier::kWarpScheduler0, 256);
     };
 
+    // Rows that see a non-finite V in a cut block get NaN (fwd_non_finite_v.hpp).
+    using NonFiniteV = FwdNonFiniteV<Traits>;
+
     PipelineState k_state = state, v_state = state;
+    auto release_v = [&] {
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+    };
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
     // ---- first block: S, softmax, P (nothing to overlap with yet) ----
     int n = range.end - 1;
     Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
+    // S = Q K_stage^T. FP8: descriptors recomputed at each issue (opaque_descriptors, wgmma.hpp).
+    // Traits::kQDescPerIteration (bf16/fp16): Q's descriptors likewise; otherwise the compiler
+    // keeps all D/16 of them (64-bit each) live across the loop, which at d256 spilled: six
+    // 8-byte reloads per key block. K's and V's made no difference there when rebuilt too.
+    auto qk = [&](int stage) {
+      if constexpr (Traits::kFp8) {
+        Tensor q = opaque_descriptors(tSrQ);
+        wgmma<true>(mma_qk, q, opaque_descriptors(tSrK(_, _, _, stage)), acc_s);
+      } else if constexpr (Traits::kQDescPerIteration) {
+        Tensor q = opaque_descriptors(tSrQ);
+        wgmma<true>(mma_qk, q, tSrK(_, _, _, stage), acc_s);
+      } else {
+        wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
+      }
+    };
     float o_scale[kRows];
     pipeline_k.consumer_wait(k_state);
     turn_begin();
-    wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+    qk(k_state.index());
     turn_end();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_state);
@@ -283,46 +330,65 @@ struct FwdMainloop {
     softmax.step(s_rc, scale_log2, o_scale);
     Tensor p_regs = first_p(acc_s, mma_pv);
     Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
+    // Chunked FP8: the next block's P, packed while the chunks of this one still read p_regs.
+    auto p_next = [&] {
+      if constexpr (kChunked)
+        return make_fragment_like(p_regs);
+      else
+        return 0;
+    }();
     // Varlen: the rows of the last key block past the sequence's end are the next sequence's
     // keys. The mask gives them P = 0, but 0 * NaN (or Inf) in their V would still reach O,
-    // so they are zeroed before the block's P V (padded calls load zeros there). FP8: the
-    // pre-pass wrote zeros there.
-    if constexpr (Traits::kVarlen && !Traits::kFp8) {
-      if ((n + 1) * kBlockN > seq.seqlen_k) {
-        pipeline_v.consumer_wait(v_state);
-        zero_v_rows(ss, v_state.index(), seq.seqlen_k - n * kBlockN, tid);
-      }
-    }
+    // so they are zeroed before the block's P V (padded calls load zeros there): by the V
+    // scan, since such a block is cut (fwd_non_finite_v.hpp). FP8: the pre-pass wrote zeros
+    // there.
+    static_assert(Traits::kScanV || Traits::kFp8, "the V scan zeroes the varlen tail rows");
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
       pipeline_k.consumer_wait(k_state);
       turn_begin();
-      if constexpr (Traits::kQDescPerIteration) {
-        Tensor q = q_operand();
-        wgmma<true>(mma_qk, q, tSrK(_, _, _, k_state.index()), acc_s);
-      } else {
-        wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
-      }
+      qk(k_state.index());
       pipeline_v.consumer_wait(v_state);
-      pv(tOrP, tOrV(_, _, _, v_state.index()));
+      if constexpr (Traits::kScanV)
+        if (block_is_cut(n + 1, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
+      pv_start(tOrP, v_state.index());
       turn_end();
-      warpgroup_wait<1>();  // S_n done; P V still running
+      warpgroup_wait<kPvGroups>();  // S_n done; P V still running
       pipeline_k.consumer_release(k_state);
       ++k_state;
       score_mod(acc_s, n);
       softmax.step(s_rc, scale_log2, o_scale);
-      warpgroup_wait<0>();  // P_{n+1} V_{n+1} done: O and the V stage are free
-      pipeline_v.consumer_release(v_state);
-      ++v_state;
-      fold_pv();
-      Softmax<kRows>::rescale_o(o_rc, o_scale);
-      if constexpr (Traits::kFp8) {
-        pack_p_fp8(acc_s, p_regs);
-      } else {
-        Tensor p_next = convert_fragment<Element>(acc_s);
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(n + 1, unmasked) && ss.v_flagged[v_state.index()]) {
+          // A NaN rescale makes the whole O row NaN from here on.
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, (n + 1) * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) o_scale[r] = NAN;
+          }
+        }
+      }
+      // P_{n+1} V_{n+1} done and in O, O rescaled: the V stage and P's registers are free.
+      if constexpr (kChunked) {
+        // P_n packed first, into p_next (the chunks still read p_regs): S's fp32 registers
+        // are then free while the chunks are added to O.
+        pack_p_fp8(acc_s, p_next);
+        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        Tensor from = recast<std::uint32_t>(p_next);
+        Tensor to = recast<std::uint32_t>(p_regs);
         CUTE_UNROLL
-        for (int i = 0; i < size(p_next); ++i) p_regs(i) = p_next(i);
+        for (int i = 0; i < size(to); ++i) to(i) = from(i);
+      } else {
+        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        if constexpr (Traits::kFp8) {
+          pack_p_fp8(acc_s, p_regs);
+        } else {
+          Tensor p_converted = convert_fragment<Element>(acc_s);
+          CUTE_UNROLL
+          for (int i = 0; i < size(p_converted); ++i) p_regs(i) = p_converted(i);
+        }
       }
     }
 
@@ -332,13 +398,29 @@ struct FwdMainloop {
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
+    if constexpr (Traits::kScanV)
+      if (block_is_cut(range.begin, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
     turn_begin();
-    pv(tOrP, tOrV(_, _, _, v_state.index()));
+    pv_start(tOrP, v_state.index());
     turn_end();
-    warpgroup_wait<0>();
-    pipeline_v.consumer_release(v_state);
-    ++v_state;
-    fold_pv();
+    // The last block's rows that see a flagged key are NaN once its P V is in O (read before
+    // the stage, and its flag, are released).
+    pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
+      if constexpr (Traits::kScanV) {
+        if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) {
+                CUTE_UNROLL
+                for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+              }
+          }
+        }
+      }
+      release_v();
+    });
     state = v_state;  // == k_state: every block's K and V consumed
   }
 
@@ -440,21 +522,26 @@ struct FwdMainloop {
                                         group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(params.tma_v_whole, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      const bool leader = threadIdx.x == 0;
       auto load_k = [&](int n) {
         pipeline_k.producer_acquire(state);
-        int in_page;
-        const int page = page_of_key(n * kBlockN, in_page);
-        copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
-                                     CacheHintSm90::EVICT_LAST),
-             tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+        if (leader) {
+          int in_page;
+          const int page = page_of_key(n * kBlockN, in_page);
+          copy(params.tma_k_whole.with(*pipeline_k.producer_get_barrier(state), 0,
+                                       CacheHintSm90::EVICT_LAST),
+               tKgK(_, in_page / kBlockN, page), tKsK(_, state.index()));
+        }
       };
       auto load_v = [&](int n) {
         pipeline_v.producer_acquire(state);
-        int in_page;
-        const int page = page_of_key(n * kBlockN, in_page);
-        copy(params.tma_v_whole.with(*pipeline_v.producer_get_barrier(state), 0,
-                                     CacheHintSm90::EVICT_LAST),
-             tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        if (leader) {
+          int in_page;
+          const int page = page_of_key(n * kBlockN, in_page);
+          copy(params.tma_v_whole.with(*pipeline_v.producer_get_barrier(state), 0,
+                                       CacheHintSm90::EVICT_LAST),
+               tVgV(_, in_page / kBlockN, page), tVsV(_, state.index()));
+        }
         ++state;
       };
       issue(load_k, load_v);
@@ -485,6 +572,7 @@ struct FwdMainloop {
                              Issue&& issue) const {
     using cute::TMA::CacheHintSm90;
     constexpr int kBoxes = kBlockN / kRows;
+    static_assert(kBoxes <= 32, "lane j of warp 0 issues box j: a key block has at most 32 boxes");
     const ForwardParams& p = params.kp.p;
     const PagedKV& pg = params.kp.paged;
     // (row in page, dim, page) views of the pool, cut into boxes: (box rows, dim, box, page).
@@ -504,59 +592,39 @@ struct FwdMainloop {
     auto [tVgV, tVsV] = tma_partition(tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    // The block-table entries of block n's boxes (num_pages for a box past the sequence's keys
-    // or an entry outside [0, num_pages)), looked up by load_k and used again by load_v: the
-    // producer issues V_n right after K_n. The loads go out back to back, before any of the
-    // block's TMA copies (whose asm clobbers memory, so the compiler would not hoist a load
-    // above one): one table latency per block instead of one per box.
-    // Kept in shared memory (the producer thread's alone) rather than in its 24 registers.
-    int* entries = ss.page_entries.entry;
+    // Lane j < kBoxes of warp 0 looks up the page of box j and issues it: the table reads and
+    // the box copies of a block go out side by side, not one after the other from one thread
+    // (whose copies, asm that clobbers memory, also kept each table read behind the previous
+    // box). A lane's entry (num_pages for a box past the sequence's keys or an entry outside
+    // [0, num_pages)) serves its V box too: the producer issues V_n right after K_n. The
+    // leader's arrival (producer_acquire) precedes the lanes' copies (__syncwarp).
+    const int lane = threadIdx.x % 32;
+    int entry = pg.num_pages, box = 0;
     auto look_up = [&](int n) {
-      int e[kBoxes];
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j) {
-        const int key = n * kBlockN + j * kRows;
-        const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-        e[j] = key < seq.seqlen_k ? table[index] : -1;
-      }
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        entries[j] = e[j] < 0 || e[j] >= pg.num_pages ? pg.num_pages : e[j];
-    };
-    // Box (within its page) of box j of block n.
-    auto box_in_page = [&](int n, int j) {
-      const int key = n * kBlockN + j * kRows;
+      const int key = n * kBlockN + lane * kRows;
       const int index = pg.page_shift >= 0 ? key >> pg.page_shift : key / pg.page_size;
-      return (key - index * pg.page_size) / kRows;
+      box = (key - index * pg.page_size) / kRows;
+      const int e = key < seq.seqlen_k ? table[index] : -1;
+      entry = e < 0 || e >= pg.num_pages ? pg.num_pages : e;
     };
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state);
-      look_up(n);
-      auto& full = *pipeline_k.producer_get_barrier(state);
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        copy(tma_k.with(full, 0, CacheHintSm90::EVICT_LAST), tKgK(_, box_in_page(n, j), entries[j]),
-             tKsK(_, j, state.index()));
+      __syncwarp();
+      if (lane < kBoxes) {
+        look_up(n);
+        copy(tma_k.with(*pipeline_k.producer_get_barrier(state), 0, CacheHintSm90::EVICT_LAST),
+             tKgK(_, box, entry), tKsK(_, lane, state.index()));
+      }
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state);
-      auto& full = *pipeline_v.producer_get_barrier(state);
-      CUTE_UNROLL
-      for (int j = 0; j < kBoxes; ++j)
-        copy(tma_v.with(full, 0, CacheHintSm90::EVICT_LAST), tVgV(_, box_in_page(n, j), entries[j]),
-             tVsV(_, j, state.index()));
+      __syncwarp();
+      if (lane < kBoxes)
+        copy(tma_v.with(*pipeline_v.producer_get_barrier(state), 0, CacheHintSm90::EVICT_LAST),
+             tVgV(_, box, entry), tVsV(_, lane, state.index()));
       ++state;
     };
     issue(load_k, load_v);
-  }
-
-  // Zeroes rows [first_row, kBlockN) of V stage `stage` and makes the writes visible to this
-  // warpgroup's wgmma (async proxy). Both warpgroups write the same zeros, so each needs only
-  // its own threads' writes done before its product reads them.
-  __device__ static void zero_v_rows(SharedStorage& ss, int stage, int first_row, int tid) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
-    zero_rows_and_sync(first_row, tid % 128, 128, NamedBarrier::kFwdVTail0 + tid / 128,
-                       sV(_, _, stage));
   }
 };
 

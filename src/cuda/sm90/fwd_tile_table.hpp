@@ -31,6 +31,11 @@ struct Sm90FwdTile {
   int block_m;   // query rows per CTA (2 consumer warpgroups x 64)
   int block_n;   // keys per main-loop iteration
   int stages;    // depth of the K and of the V shared-memory ring
+  // FP8 only: the width of the Dv chunks in which each key block's P V is summed apart from
+  // O and added to it in fp32 (fp8_pv_chunks.hpp); 0: O is the tensor cores' P V accumulator
+  // along the whole row (what the fp16/bf16 rows do: their tensor cores add in fp32).
+  int pv_chunk = 0;
+  int pv_temps = 0;  // FP8 with pv_chunk: chunk temporaries in flight (1 or 2)
 };
 
 // The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
@@ -73,19 +78,33 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 
 // The FP8 (e4m3 q, k, v) forward: D == Dv only. kBlockN a multiple of 32 (the e4m3 wgmma's
 // k; V^T tiles are kBlockN keys wide, K-major, with the widest swizzle that divides them).
-// d256 at 128 x 96: shared memory would take 128 keys (Q 32 KB + 2 x (K 32 + V^T 32) KB), but
-// the registers do not (S 64 + P 16 + O 128 per consumer thread spilled ~28 bytes); 96 keys
-// (S 48 + P 12 + O 128) do not spill. O is stored from registers at d256 (fwd_traits.hpp).
+// Every row sums each key block's P V apart from O (the tensor cores' FP8 adder keeps ~13
+// bits, fp8_pv_chunks.hpp), in chunks of pv_chunk Dv columns with pv_temps temporaries,
+// chosen by ptxas spills and H100 speed (docs/design/sm90-kernels.md): d64 one whole-width
+// chunk (32 more registers), d128 chunks of 64 with one temporary (32 registers; 3-5% faster
+// than 32x2 on the H100), d256 chunks of 32 with two temporaries of 16 registers (faster than
+// 128 x 64 tiles). d256 at 128 x 96: shared memory would take 128 keys (Q 32 KB + 2 x (K 32 +
+// V^T 32) KB), but the registers do not (S 64 + P 16 + O 128 per consumer thread); 96 keys
+// (S 48 + P 12 + O 128 + 2 x 16) nearly fit (2 spilled loads and stores per key block). O is
+// stored from registers at d256 (fwd_traits.hpp).
 //
-// The key block and stage count of each FP8 row can be set at configure time, so that tile
-// variants build side by side without editing this file: cmake -DFLASHCPP_SM90_FP8_TILE_D128=224x2
-// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224 and ..._STAGES 2 for every
-// TU; the kernel name carries the tile, so RunInfo::kernel says which variant ran.
+// The key block, stage count and chunk width of each FP8 row can be set at configure time, so
+// that variants build side by side without editing this file: cmake
+// -DFLASHCPP_SM90_FP8_TILE_D128=224x2 -DFLASHCPP_SM90_FP8_PV_CHUNK_D128=32x2
+// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
+// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 for every TU; the kernel name carries the tile and the
+// chunks, so RunInfo::kernel says which variant ran.
 #ifndef FLASHCPP_SM90_FP8_D64_BLOCK_N
 #define FLASHCPP_SM90_FP8_D64_BLOCK_N 128
 #endif
 #ifndef FLASHCPP_SM90_FP8_D64_STAGES
 #define FLASHCPP_SM90_FP8_D64_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_D64_PV_TEMPS
+#define FLASHCPP_SM90_FP8_D64_PV_TEMPS 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_D64_PV_CHUNK
+#define FLASHCPP_SM90_FP8_D64_PV_CHUNK 64
 #endif
 #ifndef FLASHCPP_SM90_FP8_D128_BLOCK_N
 #define FLASHCPP_SM90_FP8_D128_BLOCK_N 128
@@ -93,16 +112,31 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 #ifndef FLASHCPP_SM90_FP8_D128_STAGES
 #define FLASHCPP_SM90_FP8_D128_STAGES 2
 #endif
+#ifndef FLASHCPP_SM90_FP8_D128_PV_TEMPS
+#define FLASHCPP_SM90_FP8_D128_PV_TEMPS 1
+#endif
+#ifndef FLASHCPP_SM90_FP8_D128_PV_CHUNK
+#define FLASHCPP_SM90_FP8_D128_PV_CHUNK 64
+#endif
 #ifndef FLASHCPP_SM90_FP8_D256_BLOCK_N
 #define FLASHCPP_SM90_FP8_D256_BLOCK_N 96
 #endif
 #ifndef FLASHCPP_SM90_FP8_D256_STAGES
 #define FLASHCPP_SM90_FP8_D256_STAGES 2
 #endif
+#ifndef FLASHCPP_SM90_FP8_D256_PV_TEMPS
+#define FLASHCPP_SM90_FP8_D256_PV_TEMPS 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_D256_PV_CHUNK
+#define FLASHCPP_SM90_FP8_D256_PV_CHUNK 32
+#endif
 inline constexpr Sm90FwdTile kSm90FwdTilesFp8[] = {
-    {64, 64, 128, FLASHCPP_SM90_FP8_D64_BLOCK_N, FLASHCPP_SM90_FP8_D64_STAGES},
-    {128, 128, 128, FLASHCPP_SM90_FP8_D128_BLOCK_N, FLASHCPP_SM90_FP8_D128_STAGES},
-    {256, 256, 128, FLASHCPP_SM90_FP8_D256_BLOCK_N, FLASHCPP_SM90_FP8_D256_STAGES},
+    {64, 64, 128, FLASHCPP_SM90_FP8_D64_BLOCK_N, FLASHCPP_SM90_FP8_D64_STAGES,
+     FLASHCPP_SM90_FP8_D64_PV_CHUNK, FLASHCPP_SM90_FP8_D64_PV_TEMPS},
+    {128, 128, 128, FLASHCPP_SM90_FP8_D128_BLOCK_N, FLASHCPP_SM90_FP8_D128_STAGES,
+     FLASHCPP_SM90_FP8_D128_PV_CHUNK, FLASHCPP_SM90_FP8_D128_PV_TEMPS},
+    {256, 256, 128, FLASHCPP_SM90_FP8_D256_BLOCK_N, FLASHCPP_SM90_FP8_D256_STAGES,
+     FLASHCPP_SM90_FP8_D256_PV_CHUNK, FLASHCPP_SM90_FP8_D256_PV_TEMPS},
 };
 constexpr Sm90FwdTile sm90_fwd_tile_fp8(int head_dim, int head_dim_v) {
   return tile_for_head_dims(kSm90FwdTilesFp8, head_dim, head_dim_v);

@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/mask.hpp"
 #include "cuda/sm90/fwd_tile_scheduler.hpp"
 #include "cuda/sm90/fwd_tile_table.hpp"
 
@@ -42,13 +43,6 @@ struct FwdTraits {
   static constexpr bool kPaged = kPaged_;
   static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
   static_assert(!(kFp8 && kPaged), "the FP8 forward has no paged instantiation");
-  // FP8: sum each key block's P V in a fresh accumulator and add it to O in fp32 (long rows,
-  // fwd_mainloop.hpp), up to the head dim FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM (default
-  // 128: at d256 the second Dv-wide accumulator does not fit the consumers' registers).
-#ifndef FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM
-#define FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM 128
-#endif
-  static constexpr bool kFp8PvPromote = kFp8 && kHeadDimV_ <= FLASHCPP_SM90_FP8_PV_PROMOTE_MAX_HDIM;
   static constexpr Sm90FwdTile kTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
                                             : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
@@ -58,6 +52,15 @@ struct FwdTraits {
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
+  // FP8: each key block's P V summed apart from O in chunks of kPvChunk Dv columns
+  // (fp8_pv_chunks.hpp); 0 (and fp16/bf16): O is the P V accumulator of the tensor cores.
+  static constexpr int kPvChunk = kFp8 ? kTile.pv_chunk : 0;
+  static_assert(kPvChunk >= 0 && kPvChunk % 8 == 0 && kPvChunk <= kHeadDimV_ &&
+                    kHeadDimV_ % (kPvChunk > 0 ? kPvChunk : 1) == 0,
+                "the P V chunk width: a multiple of 8 (wgmma N) that divides Dv, or 0");
+  static constexpr int kPvTemps = kFp8 ? kTile.pv_temps : 0;
+  static_assert(kPvChunk == 0 || kPvTemps == 1 || kPvTemps == 2,
+                "1 or 2 P V chunk temporaries in flight");
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
@@ -100,6 +103,13 @@ struct FwdTraits {
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
                            kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
+      AtomLayout{}));
+  // FP8 with kPvChunk: one chunk of P V (N = kPvChunk), the same A (P) and B (V^T) majors.
+  // (fp16/bf16 and kPvChunk 0: a placeholder of N = 8, never used.)
+  using TiledMmaPVChunk = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kPvChunk ? kPvChunk : 8>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::K>(),
       AtomLayout{}));
 
   // K-major 128-byte swizzle: atoms of 8 rows x 64 elements; TMA writes exactly this pattern.
@@ -203,6 +213,15 @@ struct FwdTraits {
   static constexpr std::uint32_t kKStageBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr std::uint32_t kVStageBytes = kBlockN * kHeadDimV * sizeof(Element);
 
+  // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
+  // producer warpgroup (one more consumer thread of the V pipeline), one bit per key row of a
+  // stage. Not for FP8, whose V stage holds V^T from the pre-pass (a scan of key rows would
+  // read columns).
+  static constexpr bool kScanV = !kFp8;
+  static constexpr int kScanThreads = 96;
+  static constexpr int kVKeyWords = (kBlockN + 31) / 32;
+  static constexpr int kScanTileSlots = kStages + 1;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -231,11 +250,6 @@ struct FwdTraits {
                 "O aliases Q: same bytes");
   static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ;
 
-  struct NoPageEntries {};
-  struct PageEntries {
-    int entry[kBlockN / kPageBoxRows];
-  };
-
   struct NoSmemO {};
   struct SmemO {
     alignas(1024) cute::array_aligned<ElementOut, cosize_v<SmemLayoutO>> o;
@@ -255,8 +269,18 @@ struct FwdTraits {
     alignas(8) std::uint64_t q_full;
     alignas(8) std::uint64_t q_empty;
     TileQueueStorage tile_queue;  // the dynamic tile deal (varlen), fwd_tile_scheduler.hpp
-    // Paged: the block-table entries of the key block the producer is loading (K, then V).
-    std::conditional_t<kPaged, PageEntries, NoPageEntries> page_entries;
+    // The V scan of the cut blocks (fwd_non_finite_v.hpp): the producer's ring of tiles (key
+    // blocks [begin, end), query block, sequence lengths); per V stage, the scan done (warp 1
+    // arrives), whether it found a non-finite value and (valid only then) the key bits; the
+    // stage warps 2-3 scan and its first row past the sequence's keys.
+    struct ScanTile {
+      int begin, end, m_block, seqlen_q, seqlen_k;
+    };
+    ScanTile v_scan_tiles[kScanTileSlots];
+    alignas(8) std::uint64_t v_scanned[kStages];
+    int v_flagged[kStages];
+    std::uint32_t v_bad_keys[kStages][kVKeyWords];
+    int v_scan_stage, v_scan_tail;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");

@@ -2,6 +2,8 @@
 // Named (bar.sync) barriers of the sm90 kernels. Ids 0..7 belong to CUTLASS
 // (cutlass/arch/barrier.h, ReservedNamedBarriers; 0 is __syncthreads), so ours start at 8 of
 // the 16 the hardware has.
+#include <cstdint>
+
 namespace flashcpp::detail::cuda::sm90 {
 
 enum class NamedBarrier : int {
@@ -22,10 +24,9 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
-  // Forward (which has no dS): consumer warpgroup w has zeroed the varlen tail rows of a V
-  // stage (fwd_mainloop.hpp).
-  kFwdVTail0 = kBwdDsReady,
-  kFwdVTail1 = kBwdDsReady1,
+  // Forward: the producer warpgroup's scanner warps 1-3 start on a cut block's V stage, OR
+  // their verdicts, and end its rare path (fwd_non_finite_v.hpp).
+  kFwdVScan = kBwdDsFree,
   // Forward without ping-pong, O aliasing Q (fwd_epilogue.hpp): both consumer warpgroups are
   // done reading the tile's Q. Without ping-pong the warp-scheduler id is free.
   kFwdQRead = kWarpScheduler0,
@@ -47,6 +48,27 @@ __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads)
 
 __forceinline__ __device__ void named_barrier_arrive(NamedBarrier id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+// barrier.sync without .aligned: for warps whose lanes may reach it apart (a lane that waited
+// on an mbarrier alone, then the warp's other lanes), which bar.sync (= barrier.sync.aligned)
+// does not allow.
+__forceinline__ __device__ void named_barrier_sync_unaligned(NamedBarrier id, int threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+// barrier.sync that also ORs `pred` over the participating threads: true for all of them if it
+// was true for any. Without .aligned, as named_barrier_sync_unaligned.
+__forceinline__ __device__ bool named_barrier_or_unaligned(NamedBarrier id, int threads,
+                                                           bool pred) {
+  std::uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"(std::uint32_t(pred)), "r"(static_cast<int>(id)), "r"(threads)
+      : "memory");
+  return any != 0;
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

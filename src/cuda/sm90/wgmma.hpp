@@ -30,4 +30,15 @@ __forceinline__ __device__ void wgmma(TiledMma& tiled_mma, TA& a, TB const& b, T
   if constexpr (kRegA) warpgroup_fence_operand(a);
 }
 
+// A tensor of wgmma shared-memory descriptors whose base descriptor the compiler cannot see
+// through: a product issued from it computes each k slice's descriptor (one add) where it is
+// issued. Without it the compiler hoists every slice's descriptor out of the key loop and
+// keeps them all in registers (2 each; at FP8 d256 the 8 of Q and 8 of K spilled).
+template <class DescTensor>
+__forceinline__ __device__ auto opaque_descriptors(const DescTensor& t) {
+  auto base = t.data();
+  asm volatile("" : "+r"(base.desc_.reg32_[0]), "+r"(base.desc_.reg32_[1]));
+  return make_tensor(base, t.layout());
+}
+
 }  // namespace flashcpp::detail::cuda::sm90

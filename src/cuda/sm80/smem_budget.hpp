@@ -1,8 +1,9 @@
 #pragma once
-// The shared memory per block the sm80 backward's main kernel may use, which picks its tile
-// row (bwd_tile_table.hpp): the device's opt-in limit (163 KB on A100, 227 KB on H100/H200,
-// 99 KB on sm86/sm89), or less when FLASHCPP_SM80_SMEM_BUDGET (in KB, read once) says so, so
-// that the 99 KB rows can be tested on a larger GPU (FLASHCPP_SM80_SMEM_BUDGET=99).
+// The shared memory per block the sm80 kernels may use, which picks the tile rows of the
+// forward (fwd_tile_table.hpp) and of the backward's main kernel (bwd_tile_table.hpp): the
+// device's opt-in limit (163 KB on A100, 227 KB on H100/H200, 99 KB on sm86/sm89), or less
+// when FLASHCPP_SM80_SMEM_BUDGET (in KB, read once) says so, so that the 99 KB rows can be
+// tested on a larger GPU (FLASHCPP_SM80_SMEM_BUDGET=99).
 #include <cstdlib>
 #include <string>
 
@@ -28,7 +29,7 @@ inline int sm80_smem_budget_from_env() {
   return bytes;
 }
 
-inline int sm80_bwd_smem_budget(int device) {
+inline int sm80_smem_budget(int device) {
   int optin = 0;
   FLASHCPP_CUDA_CHECK(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
