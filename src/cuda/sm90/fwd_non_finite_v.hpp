@@ -9,11 +9,11 @@
 //    tile's loads;
 //  - warp 1 follows the V ring as a consumer would: it waits for each stage's full barrier
 //    and works out, from the ring entry of the tile (its mask's unmasked band), whether the
-//    block is cut (the producer loads V blocks from range.end - 1 down). A stage that is not cut it passes on at once; a
-//    cut one it scans with warps 2 and 3 (common path: loads and integer ops only, no stores,
-//    one barrier that ORs the verdict). Only if some value is not finite do they zero those
-//    16-byte chunks in place and write the stage's key bits (bit k: V row k held one). Warp 1
-//    then sets the stage's `v_flagged` word and arrives on `v_scanned` of the stage and on its
+//    block is cut (the producer loads V blocks from range.end - 1 down). A stage that is not
+//    cut it passes on at once; a cut one it scans with warps 2 and 3 (common path: loads and
+//    integer ops only, no stores, one barrier that ORs the verdict). Only if some value is not
+//    finite does warp 1 alone zero those 16-byte chunks in place and write the stage's key
+//    bits (bit k: V row k held one). Warp 1 then sets the stage's `v_flagged` word and arrives on `v_scanned` of the stage and on its
 //    empty barrier (the V pipeline counts the scanner as one more consumer thread, so a stage
 //    is never refilled before the scanner is done with it, and the scanner never falls a
 //    phase behind);
@@ -50,7 +50,6 @@ struct FwdNonFiniteV {
   static constexpr int kStages = Traits::kStages;
   static constexpr int kWords = Traits::kVKeyWords;
   static constexpr int kScanThreads = Traits::kScanThreads;
-  static constexpr int kScanWarps = kScanThreads / 32;
   // A V stage as 16-byte chunks; the common path's loads in flight per thread (4 x 4
   // registers: the producer warpgroup runs at 24).
   static constexpr int kChunks = int(Traits::kVStageBytes / 16);
@@ -84,7 +83,7 @@ struct FwdNonFiniteV {
     ss.pipeline_v.full_barrier_[state.index()].arrive();
   }
 
-  // Warps 1..kScanWarps of the CTA. Warp 1 follows the ring; the others wait for a cut stage.
+  // Warps 1-3 of the CTA (kScanThreads). Warp 1 follows the ring; the others wait for a cut stage.
   // Every barrier of the scan is reached from one place in the code by all three warps.
   // window_left / window_right: the call's (the tiles' masks).
   __device__ static void scanner(SharedStorage& ss, int window_left, int window_right) {
@@ -182,7 +181,7 @@ struct FwdNonFiniteV {
   }
 
  private:
-  // Warps 1..kScanWarps (threads t = 0..kScanThreads-1): whether stage `stage` holds a
+  // Warps 1-3 (threads t = 0..kScanThreads-1): whether stage `stage` holds a
   // non-finite value (the same answer in every thread). The common path reads the stage as
   // flat 16-byte chunks (chunk t + kScanThreads i: consecutive threads read consecutive
   // chunks, so no bank conflicts whatever the swizzle), kBatch loads issued before any test,
