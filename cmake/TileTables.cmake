@@ -101,13 +101,14 @@ foreach(_d IN ITEMS 64 128 256)
 endforeach()
 unset(_tile)
 # Two more sm90a forward A/B switches, head dims from which a code variant applies (empty:
-# never), written to the same header (fwd_traits.hpp says what they do):
+# the default, 256 for both; 512: never), written to the same header (fwd_traits.hpp says what
+# they do):
 #  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
 #  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
 #                                         buffer fits (d256).
 foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
   set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
-  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: never)")
+  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default, 256; 512: never)")
   if(NOT ${_var} STREQUAL "")
     if(NOT ${_var} MATCHES "^[0-9]+$")
       message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected a head dim, e.g. 256)")

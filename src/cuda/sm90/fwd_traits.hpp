@@ -77,10 +77,11 @@ struct FwdTraits {
   static constexpr bool kPingPong = kHeadDim <= 128;
 
   // Rebuild Q's wgmma descriptors in every main-loop iteration (fwd_mainloop.hpp) from this
-  // head dim up: FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM (configure-time A/B switch, cmake
-  // -DFLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM=256; default 512: never).
+  // head dim up: at d256 the compiler otherwise keeps all 16 descriptors live and spills them
+  // (H100: +2-9% TFLOP/s with the O alias below). FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM is the
+  // configure-time A/B switch (cmake -DFLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM=512: never).
 #ifndef FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM
-#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 512
+#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 256
 #endif
   static constexpr bool kQDescPerIteration = kHeadDim >= FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM;
 
@@ -234,14 +235,14 @@ struct FwdTraits {
       !(kFp8 && kHeadDimV > 128);
   // Where there is no room for an O buffer, O can go through Q's buffer instead (same size
   // at D == Dv, 16-bit in and out) from the head dim FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM up
-  // (configure-time A/B switch; default 512: never). The price: Q's buffer is released after
+  // (configure-time A/B switch, default 256; 512: never). The price: Q's buffer is released after
   // the TMA store has read O, not after the tile's last S = Q K^T, so the next tile's Q load
   // starts later (fwd_epilogue.hpp). Only without ping-pong: the epilogue's barrier of both
   // consumer warpgroups (they must both be done reading Q) takes the warp-scheduler id. Not
   // for varlen: its two O paths (TMA inside the sequence, registers past it) spilled 160 B
   // at d256.
 #ifndef FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM
-#define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 512
+#define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 256
 #endif
   static constexpr bool kOAliasQ = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
                                    kHeadDimV == kHeadDim && sizeof(ElementOut) == sizeof(Element) &&
