@@ -78,6 +78,46 @@ foreach(_d IN ITEMS 64 128 256)
   endif()
 endforeach()
 unset(_tile)
+# The same for the fp16/bf16 sm90a forward: FLASHCPP_SM90_FWD_TILE_D<d>=<block_n>x<stages>
+# (e.g. 176x2 at d64) overrides that row of kSm90FwdTiles (the D == Dv rows 64, 128, 256).
+# These go into a generated header (sm90_fwd_tile_overrides.inc, written by
+# src/cuda/CMakeLists.txt) instead of the command line, so switching a variant in one build
+# folder recompiles only the TUs that read the table, not the whole library.
+set(FLASHCPP_SM90_FWD_TILE_OVERRIDES "")
+foreach(_d IN ITEMS 64 128 256)
+  set(FLASHCPP_SM90_FWD_TILE_D${_d} "" CACHE STRING
+      "fp16/bf16 sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
+  set(_tile "${FLASHCPP_SM90_FWD_TILE_D${_d}}")
+  if(NOT _tile STREQUAL "")
+    if(NOT _tile MATCHES "^([0-9]+)x([0-9]+)$")
+      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_TILE_D${_d} '${_tile}' (expected "
+                          "<block_n>x<stages>, e.g. 176x2)")
+    endif()
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
+           "#define FLASHCPP_SM90_FWD_D${_d}_BLOCK_N ${CMAKE_MATCH_1}\n"
+           "#define FLASHCPP_SM90_FWD_D${_d}_STAGES ${CMAKE_MATCH_2}\n")
+    message(STATUS "flashcpp: sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
+  endif()
+endforeach()
+unset(_tile)
+# Two more sm90a forward A/B switches, head dims from which a code variant applies (empty:
+# the default, 256 for both; 512: never), written to the same header (fwd_traits.hpp says what
+# they do):
+#  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
+#  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
+#                                         buffer fits (d256).
+foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
+  set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
+  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default, 256; 512: never)")
+  if(NOT ${_var} STREQUAL "")
+    if(NOT ${_var} MATCHES "^[0-9]+$")
+      message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected a head dim, e.g. 256)")
+    endif()
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES "#define ${_var} ${${_var}}\n")
+    message(STATUS "flashcpp: sm90a forward ${_switch} from head dim ${${_var}}")
+  endif()
+endforeach()
+unset(_var)
 # FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
 # head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with
 # <temps> temporaries in flight (default 2; fp8_pv_chunks.hpp); 0: O stays the tensor cores'
