@@ -101,8 +101,10 @@ struct BwdNonFinite {
   // After that, every tile: whether some key had a K chunk zeroed (almost never; read from
   // shared memory each time: a register live across the loop spilled at d128).
   __device__ static bool any_key_zeroed(const SharedStorage& ss) {
-    const uint4 w = *reinterpret_cast<const uint4*>(ss.non_finite.k_zeroed);
-    return (w.x | w.y | w.z | w.w) != 0;
+    std::uint32_t any = 0;
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kBlockN / 32; ++w) any |= ss.non_finite.k_zeroed[w];
+    return any != 0;
   }
   // Whether block-relative key `key` had one.
   __device__ static bool key_zeroed(const SharedStorage& ss, int key) {
