@@ -26,6 +26,7 @@ namespace {
 constexpr std::int64_t kAbove32 = (std::int64_t{1} << 32) + 4;
 constexpr std::int64_t kBatch31 = std::int64_t{1} << 31;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // A valid fp32 call, B = 1, Nq = Nk = 24, Hq = Hkv = 1, D = 16, whose views the rows bend.
 struct Call {
@@ -261,13 +262,13 @@ std::string tiny_softcap() {
   return c.forward();
 }
 
-// NaN in k or v at keys 0..9, which rows >= 14 cannot see (window (4, 4)): their outputs stay
-// finite, and so do dq of those rows and dk, dv of keys >= 18 (seen only by them).
-std::string nan_at_hidden_keys(bool in_v) {
+// NaN (or `value`) in k or v at keys 0..9, which rows >= 14 cannot see (window (4, 4)): their
+// outputs stay finite, and so do dq of those rows and dk, dv of keys >= 18 (seen only by them).
+std::string nan_at_hidden_keys(bool in_v, float value = kNaN) {
   for (Backend backend : {Backend::cpu, Backend::cpu_reference}) {
     Call c(backend);
     c.options.window_left = c.options.window_right = 4;
-    for (int j = 0; j < 10; ++j) (in_v ? c.t.v : c.t.k).set(j * 16 + 2, kNaN);
+    for (int j = 0; j < 10; ++j) (in_v ? c.t.v : c.t.k).set(j * 16 + 2, value);
     c.forward();
     c.backward();
     const struct {
@@ -417,6 +418,8 @@ const std::vector<Row>& rows() {
       {"6", "NaN in v at masked keys", [] { return nan_at_hidden_keys(true); },
        "rows past the NaN keys finite"},
       {"6", "NaN in k at masked keys", [] { return nan_at_hidden_keys(false); },
+       "rows past the NaN keys finite"},
+      {"6", "Inf in k at masked keys", [] { return nan_at_hidden_keys(false, kInf); },
        "rows past the NaN keys finite"},
       {"7", "misaligned cu_seqlens", misaligned_offsets,
        "cu_seqlens_q: data pointer is not 4-byte aligned"},
