@@ -20,8 +20,8 @@
 //    its dS is 0 too where the row's lse is finite (score -Inf), and NaN where it is not;
 //  - deterministic dQ kernel, each key block the mask cuts: K's NaN and Inf chunks are
 //    zeroed after S, before dQ += dS K.
-// So a key with an Inf k adds 0 to dq of every row of the cut blocks, as on sm90a
-// (docs/semantics.md), softcap or not (S saw the true K).
+// So a key with an Inf k adds 0 to dq of every row of the cut blocks, softcap or not (S saw
+// the true K); sm90a does the same without a softcap (docs/semantics.md).
 #include <cstdint>
 #include <type_traits>
 

@@ -156,7 +156,9 @@ struct BwdNonFinite {
   // which publishes them). Two loads in flight per lane.
   template <bool kNanOnly, int kWords>
   __device__ static void zero_keys(SharedStorage& ss, int first, int lane) {
-    using LayoutK = typename Traits::SmemLayoutK;
+    // Through a tensor: the layout's swizzle acts on byte addresses, via the pointer.
+    cute::Tensor sK =
+        cute::make_tensor(cute::make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     constexpr int kChunks = Traits::kHeadDim / 8;  // a key's 16-byte chunks
     static_assert(kChunks % 2 == 0);
     auto bad = [](uint4 c) {
@@ -168,8 +170,8 @@ struct BwdNonFinite {
       bool zeroed = false;
 #pragma unroll 1
       for (int c = 0; c < kChunks; c += 2) {
-        uint4* const a = reinterpret_cast<uint4*>(ss.k.data() + LayoutK{}(key, 8 * c));
-        uint4* const b = reinterpret_cast<uint4*>(ss.k.data() + LayoutK{}(key, 8 * c + 8));
+        uint4* const a = reinterpret_cast<uint4*>(&sK(key, 8 * c));
+        uint4* const b = reinterpret_cast<uint4*>(&sK(key, 8 * c + 8));
         const uint4 va = *a, vb = *b;
         if (bad(va)) {
           *a = make_uint4(0, 0, 0, 0);
