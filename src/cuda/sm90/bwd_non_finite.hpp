@@ -22,11 +22,12 @@
 //  - the scores of a key with a zeroed K chunk are wrong in every tile of the CTA (the
 //    zeroed K, or, d64, K's registers copied while the scan ran), so without a softcap the
 //    consumers make them -inf for every row, as the mask does (every tile of such a CTA takes
-//    the masked path; the verdict is read from shared memory per tile): a row with a finite lse that
-//    sees the key had a score of -Inf there (a +Inf or NaN score makes lse NaN), so P = 0 and
-//    dS = 0 are exact, and a row with a NaN lse gets P = NaN whatever the score. dQ = dS K then
-//    multiplies those zeros by the zeroed K: the key adds 0 to dq of every row (IEEE gives NaN
-//    in its non-finite columns to the rows that see it with a -Inf score: docs/semantics.md).
+//    the masked path; the verdict is read from shared memory per tile): a row with a finite
+//    lse that sees the key had a score of -Inf there (a +Inf or NaN score makes lse NaN), so
+//    P = 0 and dS = 0 are exact, and a row with a NaN lse gets P = NaN whatever the score.
+//    dQ = dS K then multiplies those zeros by the zeroed K: the key adds 0 to dq of every row
+//    (IEEE gives NaN in its non-finite columns to the rows that see it with a -Inf score:
+//    docs/semantics.md).
 //    With a softcap an Inf k gives the rows that see it a finite score (c tanh(+-Inf) = +-c)
 //    whose sign the zeroed K has lost, so only NaN chunks are zeroed there (a row that sees a
 //    NaN key has a NaN lse) and an Inf k at a hidden pair still reaches dq;
@@ -222,7 +223,8 @@ struct BwdNonFinite {
     };
     // K: each scanner half of the keys.
     constexpr int kHalfWords = Traits::kBlockN / 64;
-    static_assert(Traits::kBlockN % 64 == 0 && 2 * kHalfWords <= BwdNonFiniteStorage<kStages>::kKeyWords);
+    static_assert(Traits::kBlockN % 64 == 0 &&
+                  2 * kHalfWords <= BwdNonFiniteStorage<kStages>::kKeyWords);
     const int first_key = q_side ? 0 : Traits::kBlockN / 2;
     if (any_cut) {
       cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
