@@ -91,9 +91,9 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 // The key block, stage count and chunk width of each FP8 row can be set at configure time, so
 // that variants build side by side without editing this file: cmake
 // -DFLASHCPP_SM90_FP8_TILE_D128=224x2 -DFLASHCPP_SM90_FP8_PV_CHUNK_D128=32x2
-// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
-// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 for every TU; the kernel name carries the tile and the
-// chunks, so RunInfo::kernel says which variant ran.
+// (cmake/TileTables.cmake) writes FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
+// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 into sm90_fwd_tile_overrides.inc (included above); the
+// kernel name carries the tile and the chunks, so RunInfo::kernel says which variant ran.
 #ifndef FLASHCPP_SM90_FP8_D64_BLOCK_N
 #define FLASHCPP_SM90_FP8_D64_BLOCK_N 128
 #endif
