@@ -182,7 +182,9 @@ struct BwdMainloop {
       BwdNonFinite<Traits>::kv_tail_zeroed(ss);  // (the scanners read K after it)
     }
     if constexpr (Traits::kKVInRegisters) {
-      // This warpgroup's K and V rows as register A operands, for the whole loop.
+      // This warpgroup's K and V rows as register A operands, for the whole loop; K once the
+      // scanners are done with it (bwd_non_finite.hpp: no generic reads racing their writes).
+      BwdNonFinite<Traits>::wait_k_scanned(ss);
       copy(thr_sdp.partition_A(sK), tSrK);
       copy(thr_sdp.partition_A(sV), tdPrV);
     }

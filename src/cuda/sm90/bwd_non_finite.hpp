@@ -19,8 +19,8 @@
 //    (non-finite dO) is not finite, which is NaN whatever the product gives; a K chunk read
 //    before or after its zeroing only reaches the scores of its key, which the consumers
 //    replace (next item);
-//  - the scores of a key with a zeroed K chunk are wrong in every tile of the CTA (the
-//    zeroed K, or, d64, K's registers copied while the scan ran), so without a softcap the
+//  - the scores of a key with a zeroed K chunk are wrong in every tile of the CTA (S^T reads
+//    the zeroed K; d64 copies K into registers once the scan is done), so without a softcap the
 //    consumers make them -inf for every row, as the mask does (every tile of such a CTA takes
 //    the masked path; the verdict is read from shared memory per tile): a row with a finite
 //    lse that sees the key had a score of -Inf there (a +Inf or NaN score makes lse NaN), so
