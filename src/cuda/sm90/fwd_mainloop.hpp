@@ -349,7 +349,6 @@ struct FwdMainloop {
     // that see a key the scan flagged become NaN in O (fwd_non_finite_v.hpp). FP8: at the end
     // of the tile instead, from the pre-pass's bits, if a cut block had a flagged key: the
     // test between the P V chunks' issues made ptxas serialise the wgmmas (C7513).
-    bool any_flagged = false;
     auto nan_rows_seeing_flagged_keys = [&](int block) {
       if constexpr (Traits::kScanV && !Traits::kFp8) {
         if (block_is_cut(block, unmasked) && ss.v_flagged[v_state.index()]) {
@@ -372,12 +371,8 @@ struct FwdMainloop {
       turn_begin();
       qk(k_state.index());
       pipeline_v.consumer_wait(v_state);
-      if constexpr (Traits::kScanV) {
-        if (block_is_cut(n + 1, unmasked)) {
-          NonFiniteV::wait_scanned(ss, v_state);
-          if constexpr (Traits::kFp8) any_flagged |= ss.v_flagged[v_state.index()] != 0;
-        }
-      }
+      if constexpr (Traits::kScanV)
+        if (block_is_cut(n + 1, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
       pv_start(tOrP, v_state.index());
       turn_end();
       warpgroup_wait<kPvGroups>();  // S_n done; P V still running
@@ -423,23 +418,21 @@ struct FwdMainloop {
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);
-    if constexpr (Traits::kScanV) {
-      if (block_is_cut(range.begin, unmasked)) {
-        NonFiniteV::wait_scanned(ss, v_state);
-        if constexpr (Traits::kFp8) any_flagged |= ss.v_flagged[v_state.index()] != 0;
-      }
-    }
+    if constexpr (Traits::kScanV)
+      if (block_is_cut(range.begin, unmasked)) NonFiniteV::wait_scanned(ss, v_state);
     turn_begin();
     pv_start(tOrP, v_state.index());
     turn_end();
     // The last block's rows that see a flagged key are NaN once its P V is in O (read before
     // the stage, and its flag, are released).
+    bool flagged = false;  // FP8: a cut block of the tile had a NaN key
     pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
       nan_rows_seeing_flagged_keys(range.begin);
+      if constexpr (Traits::kFp8) flagged = NonFiniteV::tile_flagged(ss, work);
       release_v();
     });
     if constexpr (Traits::kFp8) {
-      if (any_flagged) {
+      if (flagged) {
         const ForwardParams& p = kp.p;
         const int head_kv = head / (p.heads_q / p.heads_kv);
         const int vt_start = int(fp8_vt_seq_start(seq.row_k + seq.batch_k * p.seqlen_k, batch));

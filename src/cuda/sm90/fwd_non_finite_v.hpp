@@ -28,10 +28,12 @@
 // bits to the workspace (fp8_vt_layout.hpp). So no stage is scanned: for a cut block warp 1
 // alone reads the block's words of bits (the ring entry says where the tile's sequence and kv
 // head start), and only if one is set zeroes the stage's NaN bytes (a flat walk: the layout
-// does not matter) and sets v_flagged. Warps 2 and 3 have no work. The consumers note a
-// flagged stage and, at the end of the tile, make the rows that see a flagged key NaN from the
-// bits in the workspace (a per-block test between the P V chunks' wgmmas made ptxas serialise
-// them).
+// does not matter) and sets the tile's `flagged` in its ring entry. Warps 2 and 3 have no
+// work. The consumers still wait on v_scanned before the P V of a cut block (the zeros), read
+// `flagged` before releasing the tile's last V stage and, if set, make the rows that see a
+// flagged key NaN at the end of the tile, from the bits in the workspace (a per-block test
+// between the P V chunks' wgmmas made ptxas serialise them; a flag carried along the key loop
+// spilled at d256).
 #include <cmath>
 #include <cstdint>
 
@@ -64,6 +66,7 @@ struct FwdNonFiniteV {
   static constexpr int kChunks = int(Traits::kVStageBytes / 16);
   static constexpr int kBatch = 4;
   static constexpr int kTileSlots = Traits::kScanTileSlots;
+  using ScanTile = typename SharedStorage::ScanTile;
   static_assert(kTileSlots >= kStages + 1);
   // The flat walk reads stage s at bytes [s, s + 1) * kVStageBytes of ss.v.
   static_assert(cute::cosize_v<typename Traits::SmemLayoutV> * sizeof(Element) ==
@@ -85,8 +88,8 @@ struct FwdNonFiniteV {
   // word of the NaN key bits that holds key 0 of the tile's sequence and kv head.
   __device__ static void publish_tile(SharedStorage& ss, int work, BlockRange range, int m_block,
                                       int seqlen_q, int seqlen_k, int nan_word) {
-    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, m_block,
-                                          seqlen_q,    seqlen_k,  nan_word};
+    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, m_block, seqlen_q,
+                                          seqlen_k,    nan_word,  0};
   }
 
   // Producer thread, after its last tile (`work` tiles) and pipeline_v.producer_tail (every
@@ -160,16 +163,13 @@ struct FwdNonFiniteV {
         }
         if constexpr (Traits::kFp8) {
           if (cut < 0) return;
-          // The cut block n + 1's first word, from the tile's entry (still the tile's: the
-          // producer cannot rewrite it before this stage is released).
+          // The tile's entry (still the tile's: the producer cannot rewrite it before this
+          // stage is released): the cut block n + 1's first word; flagged for the consumers.
+          volatile ScanTile* const entry = &ss.v_scan_tiles[slot == 0 ? kTileSlots - 1 : slot - 1];
           int word = 0;
-          if (lane == 0)
-            word = *reinterpret_cast<volatile const int*>(
-                       &ss.v_scan_tiles[slot == 0 ? kTileSlots - 1 : slot - 1].nan_word) +
-                   (n + 1) * (kBlockN / 32);
-          const bool flagged =
-              read_nan_keys(ss, stage, nan_keys, __shfl_sync(0xffffffffu, word, 0));
-          if (lane == 0) ss.v_flagged[stage] = flagged;
+          if (lane == 0) word = entry->nan_word + (n + 1) * (kBlockN / 32);
+          if (read_nan_keys(ss, stage, nan_keys, __shfl_sync(0xffffffffu, word, 0)) && lane == 0)
+            entry->flagged = 1;
           release_stage();
           continue;
         }
@@ -223,6 +223,13 @@ struct FwdNonFiniteV {
         }
       }
     }
+  }
+
+  // FP8, consumer, before releasing the last V stage of tile number `work` (the producer may
+  // rewrite the tile's ring entry after that): whether a cut block of the tile had a NaN key.
+  __device__ static bool tile_flagged(const SharedStorage& ss, int work) {
+    return reinterpret_cast<const volatile ScanTile&>(ss.v_scan_tiles[work % kTileSlots])
+               .flagged != 0;
   }
 
   // Consumer, on cut block n (keys from n0 = n * kBlockN) whose V is in stage `stage`

@@ -249,7 +249,9 @@ struct FwdTraits {
     // arrives), whether it found a non-finite value and (valid only then) the key bits; the
     // stage warps 2-3 scan and its first row past the sequence's keys.
     struct ScanTile {
-      int begin, end, m_block, seqlen_q, seqlen_k, nan_word;  // (nan_word: FP8)
+      // FP8: nan_word, the tile's first word of NaN key bits; flagged, set by the scanner
+      // when a cut block of the tile has a NaN key.
+      int begin, end, m_block, seqlen_q, seqlen_k, nan_word, flagged;
     };
     ScanTile v_scan_tiles[kScanTileSlots];
     alignas(8) std::uint64_t v_scanned[kStages];
