@@ -59,25 +59,52 @@ flashcpp_table_head_dim_pairs("${_tables}/sm90/bwd_tile_table.hpp" kSm90BwdTiles
 flashcpp_table_head_dims("${_tables}/sm80/decode_tile_table.hpp" kDecodeTiles FLASHCPP_DECODE_HEAD_DIMS)
 unset(_tables)
 
-# FP8 forward tile variants without editing the table (A/B builds side by side):
-# FLASHCPP_SM90_FP8_TILE_D<d>=<block_n>x<stages> (e.g. 224x2) overrides the key block and stage
-# count of that row of kSm90FwdTilesFp8 for every TU (fwd_tile_table.hpp reads the macros);
-# empty keeps the table's values.
-foreach(_d IN ITEMS 64 128 256)
-  set(FLASHCPP_SM90_FP8_TILE_D${_d} "" CACHE STRING
-      "FP8 sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
-  set(_tile "${FLASHCPP_SM90_FP8_TILE_D${_d}}")
-  if(NOT _tile STREQUAL "")
-    if(NOT _tile MATCHES "^([0-9]+)x([0-9]+)$")
-      message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FP8_TILE_D${_d} '${_tile}' (expected "
-                          "<block_n>x<stages>, e.g. 224x2)")
+# sm90a forward tile variants without editing the tables (A/B builds side by side), one switch
+# per head dim d of the D == Dv rows 64, 128, 256: <block_n>x<stages> overrides that row's key
+# block and stage count, empty keeps the table's. The values go into a generated header
+# (sm90_fwd_tile_overrides.inc, written by src/cuda/CMakeLists.txt, read by fwd_tile_table.hpp)
+# instead of the command line, so switching a variant in one build folder recompiles only the
+# TUs that read the table; the kernel name carries the tile.
+#  FLASHCPP_SM90_FWD_TILE_D<d>  the fp16/bf16 rows (kSm90FwdTiles), e.g. 176x2
+#  FLASHCPP_SM90_FP8_TILE_D<d>  the FP8 rows (kSm90FwdTilesFp8), e.g. 224x2
+set(FLASHCPP_SM90_FWD_TILE_OVERRIDES "")
+function(flashcpp_sm90_fwd_tile_switches kind what)  # kind: FWD or FP8
+  foreach(_d IN ITEMS 64 128 256)
+    set(_var FLASHCPP_SM90_${kind}_TILE_D${_d})
+    set(${_var} "" CACHE STRING
+        "${what} sm90a forward tile override for head dim ${_d}: <block_n>x<stages>, empty: the table's")
+    if(NOT "${${_var}}" STREQUAL "")
+      if(NOT "${${_var}}" MATCHES "^([0-9]+)x([0-9]+)$")
+        message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected <block_n>x<stages>, e.g. 128x2)")
+      endif()
+      string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
+             "#define FLASHCPP_SM90_${kind}_D${_d}_BLOCK_N ${CMAKE_MATCH_1}\n"
+             "#define FLASHCPP_SM90_${kind}_D${_d}_STAGES ${CMAKE_MATCH_2}\n")
+      message(STATUS "flashcpp: ${what} sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
     endif()
-    add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_BLOCK_N=${CMAKE_MATCH_1}
-                            FLASHCPP_SM90_FP8_D${_d}_STAGES=${CMAKE_MATCH_2})
-    message(STATUS "flashcpp: FP8 sm90a forward d${_d} tile 128x${CMAKE_MATCH_1}, ${CMAKE_MATCH_2} stages")
+  endforeach()
+  set(FLASHCPP_SM90_FWD_TILE_OVERRIDES "${FLASHCPP_SM90_FWD_TILE_OVERRIDES}" PARENT_SCOPE)
+endfunction()
+flashcpp_sm90_fwd_tile_switches(FWD "fp16/bf16")
+flashcpp_sm90_fwd_tile_switches(FP8 "FP8")
+# Two more sm90a forward A/B switches, head dims from which a code variant applies (empty:
+# the default, 256 for both; 512: never), written to the same header (fwd_traits.hpp says what
+# they do):
+#  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
+#  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
+#                                         buffer fits (d256).
+foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
+  set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
+  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default, 256; 512: never)")
+  if(NOT ${_var} STREQUAL "")
+    if(NOT ${_var} MATCHES "^[0-9]+$")
+      message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected a head dim, e.g. 256)")
+    endif()
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES "#define ${_var} ${${_var}}\n")
+    message(STATUS "flashcpp: sm90a forward ${_switch} from head dim ${${_var}}")
   endif()
 endforeach()
-unset(_tile)
+unset(_var)
 # FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
 # head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with
 # <temps> temporaries in flight (default 2; fp8_pv_chunks.hpp); 0: O stays the tensor cores'
@@ -95,8 +122,9 @@ foreach(_d IN ITEMS 64 128 256)
     if(NOT "${CMAKE_MATCH_3}" STREQUAL "")  # (a bare if() would read an explicit x0 as unset)
       set(_temps ${CMAKE_MATCH_3})
     endif()
-    add_compile_definitions(FLASHCPP_SM90_FP8_D${_d}_PV_CHUNK=${CMAKE_MATCH_1}
-                            FLASHCPP_SM90_FP8_D${_d}_PV_TEMPS=${_temps})
+    string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
+           "#define FLASHCPP_SM90_FP8_D${_d}_PV_CHUNK ${CMAKE_MATCH_1}\n"
+           "#define FLASHCPP_SM90_FP8_D${_d}_PV_TEMPS ${_temps}\n")
     if(CMAKE_MATCH_1 EQUAL 0)
       message(STATUS "flashcpp: FP8 sm90a forward d${_d} P V on the tensor cores' O (no per-block sum)")
     else()

@@ -45,18 +45,34 @@ struct FwdEpilogue {
     return make_tensor(cO.data(), wgmma_acc_rowcol(cO.layout()));
   }
 
+  // `has_work`: the tile had a visible key, so the main loop loaded its Q (with O aliasing Q,
+  // the epilogue then releases Q's buffer to the producer).
   template <class AccO, int kRows>
   __device__ void operator()(const FwdParams<Traits>& params, const SeqlenInfo& seq,
-                             const TileCoord& tile, AccO const& acc_o,
+                             const TileCoord& tile, bool has_work, AccO const& acc_o,
                              const float (&lse)[kRows], SharedStorage& ss, int tid) const {
     // An opaque copy of tid: otherwise the compiler hoists this thread's O addresses out of
     // the persistent tile loop and keeps them live (spilled) across the main loop.
     asm volatile("mov.b32 %0, %0;" : "+r"(tid));
     if constexpr (kSplit) {
+      if constexpr (Traits::kOAliasQ)
+        if (has_work) release_q(ss);
       store_partial(params.kp, seq, tile, acc_o, lse, tid);
       return;
     }
     store_lse(params.kp, seq, tile, lse, tid);
+    if constexpr (Traits::kOAliasQ) {
+      // A tile without work loaded no Q: its buffer may already hold the next tile's Q, so
+      // its zeros go from registers.
+      if (!has_work) {
+        store_o_registers(params.kp, seq, tile, acc_o, tid);
+        return;
+      }
+      // O overwrites Q only once both warpgroups' last S = Q K^T have completed.
+      named_barrier_sync(NamedBarrier::kFwdQRead, 256);
+      store_o_tma(params, seq, tile, acc_o, ss, tid);
+      return;
+    }
     // Varlen: a warpgroup whose 64 rows run past the sequence's end stores from registers; a
     // TMA store would write those rows into the next sequence's (only the packed tensor's end
     // clips).
@@ -104,7 +120,7 @@ struct FwdEpilogue {
     const int wg = tid / 128;
     const bool leader = tid % 128 == 0;
     const NamedBarrier bar = wg == 0 ? NamedBarrier::kEpilogue0 : NamedBarrier::kEpilogue1;
-    Tensor sO = make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});
+    Tensor sO = make_tensor(make_smem_ptr(o_buffer(ss)), typename Traits::SmemLayoutO{});
     Tensor sO_wg = sO(_, _, wg);  // (64, Dv): this warpgroup's half
 
     // The previous tile's store from this half must have finished reading it.
@@ -141,7 +157,24 @@ struct FwdEpilogue {
                                         group_modes<0, 2>(sO), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));
       tma_store_arrive();
+      // O in Q's buffer: the buffer is free for the next Q once the store has read it.
+      if constexpr (Traits::kOAliasQ) tma_store_wait<0>();
     }
+    if constexpr (Traits::kOAliasQ) release_q(ss);
+  }
+
+  // The O staging buffer: its own, or Q's (Traits::kOAliasQ).
+  __device__ static Element* o_buffer(SharedStorage& ss) {
+    if constexpr (Traits::kOAliasQ)
+      return reinterpret_cast<Element*>(ss.q.data());
+    else
+      return ss.o.o.data();
+  }
+
+  // With O aliasing Q: this thread is done with Q's buffer (the producer waits for all
+  // consumer threads before loading the next tile's Q).
+  __device__ static void release_q(SharedStorage& ss) {
+    cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
   }
 
   // Split j's rows: O [split, b, h, row, Dv] and lse [split, b, h, row] of the workspace, rows

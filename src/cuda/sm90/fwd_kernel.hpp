@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       } else {
         softmax.finalize(o_rc, kp.lse_scale, lse);
       }
-      epilogue(params, w.seq, w.tile, acc_o, lse, ss, tid);
+      epilogue(params, w.seq, w.tile, w.has_work(), acc_o, lse, ss, tid);
     }
     Mainloop::pingpong_finish(tid);
     epilogue.drain(tid);

@@ -312,10 +312,16 @@ struct FwdMainloop {
     Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor s_rc = make_tensor(acc_s.data(), wgmma_acc_rowcol(acc_s.layout()));
     // S = Q K_stage^T. FP8: descriptors recomputed at each issue (opaque_descriptors, wgmma.hpp).
+    // Traits::kQDescPerIteration (bf16/fp16): Q's descriptors likewise; otherwise the compiler
+    // keeps all D/16 of them (64-bit each) live across the loop, which at d256 spilled: six
+    // 8-byte reloads per key block. K's and V's made no difference there when rebuilt too.
     auto qk = [&](int stage) {
       if constexpr (Traits::kFp8) {
         Tensor q = opaque_descriptors(tSrQ);
         wgmma<true>(mma_qk, q, opaque_descriptors(tSrK(_, _, _, stage)), acc_s);
+      } else if constexpr (Traits::kQDescPerIteration) {
+        Tensor q = opaque_descriptors(tSrQ);
+        wgmma<true>(mma_qk, q, tSrK(_, _, _, stage), acc_s);
       } else {
         wgmma<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
       }
@@ -413,8 +419,9 @@ struct FwdMainloop {
       }
     }
 
-    // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q.
-    cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
+    // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q
+    // (unless O goes through Q's buffer: then the epilogue releases it).
+    if constexpr (!Traits::kOAliasQ) cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);

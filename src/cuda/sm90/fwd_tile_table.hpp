@@ -38,10 +38,34 @@ struct Sm90FwdTile {
   int pv_temps = 0;  // FP8 with pv_chunk: chunk temporaries in flight (1 or 2)
 };
 
+// The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
+// time (A/B builds): cmake -DFLASHCPP_SM90_FWD_TILE_D64=176x2 (cmake/TileTables.cmake) writes
+// FLASHCPP_SM90_FWD_D64_BLOCK_N 176 and ..._STAGES 2 into the generated
+// sm90_fwd_tile_overrides.inc; the kernel name carries the tile. Where Q + the rings leave no
+// room for the O buffer the epilogue stores O from registers (fwd_traits.hpp, kTmaStoreO).
+#include "sm90_fwd_tile_overrides.inc"
+#ifndef FLASHCPP_SM90_FWD_D64_BLOCK_N
+#define FLASHCPP_SM90_FWD_D64_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FWD_D64_STAGES
+#define FLASHCPP_SM90_FWD_D64_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FWD_D128_BLOCK_N
+#define FLASHCPP_SM90_FWD_D128_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FWD_D128_STAGES
+#define FLASHCPP_SM90_FWD_D128_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FWD_D256_BLOCK_N
+#define FLASHCPP_SM90_FWD_D256_BLOCK_N 80
+#endif
+#ifndef FLASHCPP_SM90_FWD_D256_STAGES
+#define FLASHCPP_SM90_FWD_D256_STAGES 2
+#endif
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
-    {64, 64, 128, 128, 2},
-    {128, 128, 128, 128, 2},
-    {256, 256, 128, 80, 2},
+    {64, 64, 128, FLASHCPP_SM90_FWD_D64_BLOCK_N, FLASHCPP_SM90_FWD_D64_STAGES},
+    {128, 128, 128, FLASHCPP_SM90_FWD_D128_BLOCK_N, FLASHCPP_SM90_FWD_D128_STAGES},
+    {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES},
     {192, 128, 128, 128, 2},
 };
 
@@ -67,9 +91,9 @@ constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) { return sm90_fwd_tile(head_di
 // The key block, stage count and chunk width of each FP8 row can be set at configure time, so
 // that variants build side by side without editing this file: cmake
 // -DFLASHCPP_SM90_FP8_TILE_D128=224x2 -DFLASHCPP_SM90_FP8_PV_CHUNK_D128=32x2
-// (cmake/TileTables.cmake) defines FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
-// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 for every TU; the kernel name carries the tile and the
-// chunks, so RunInfo::kernel says which variant ran.
+// (cmake/TileTables.cmake) writes FLASHCPP_SM90_FP8_D128_BLOCK_N 224, ..._STAGES 2,
+// ..._PV_CHUNK 32 and ..._PV_TEMPS 2 into sm90_fwd_tile_overrides.inc (included above); the
+// kernel name carries the tile and the chunks, so RunInfo::kernel says which variant ran.
 #ifndef FLASHCPP_SM90_FP8_D64_BLOCK_N
 #define FLASHCPP_SM90_FP8_D64_BLOCK_N 128
 #endif
@@ -124,6 +148,8 @@ constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
          element_bytes;
 }
 
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(64), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);

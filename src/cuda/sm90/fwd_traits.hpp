@@ -76,6 +76,15 @@ struct FwdTraits {
   // docs/design/sm90-kernels.md.
   static constexpr bool kPingPong = kHeadDim <= 128;
 
+  // Rebuild Q's wgmma descriptors in every main-loop iteration (fwd_mainloop.hpp) from this
+  // head dim up: at d256 the compiler otherwise keeps all 16 descriptors live and spills them
+  // (H100: +2-9% TFLOP/s with the O alias below). FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM is the
+  // configure-time A/B switch (cmake -DFLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM=512: never).
+#ifndef FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM
+#define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 256
+#endif
+  static constexpr bool kQDescPerIteration = kHeadDim >= FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM;
+
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
   // at 384 threads: setmaxnreg needs the totals to match the entry allocation.
   static constexpr int kProducerRegs = 24;
@@ -221,9 +230,26 @@ struct FwdTraits {
   static constexpr int kOBytes = int(cosize_v<SmemLayoutO> * sizeof(ElementOut));
   // FP8 d256 has the room but stores from registers as bf16 d256 does: the TMA path's
   // addresses next to 128 O registers per thread spill.
-  static constexpr bool kTmaStoreO =
+  static constexpr bool kOBuffer =
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
       !(kFp8 && kHeadDimV > 128);
+  // Where there is no room for an O buffer, O can go through Q's buffer instead (same size
+  // at D == Dv, 16-bit in and out) from the head dim FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM up
+  // (configure-time A/B switch, default 256; 512: never). The price: Q's buffer is released after
+  // the TMA store has read O, not after the tile's last S = Q K^T, so the next tile's Q load
+  // starts later (fwd_epilogue.hpp). Only without ping-pong: the epilogue's barrier of both
+  // consumer warpgroups (they must both be done reading Q) takes the warp-scheduler id. Not
+  // for varlen: its two O paths (TMA inside the sequence, registers past it) spilled 160 B
+  // at d256.
+#ifndef FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM
+#define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 256
+#endif
+  static constexpr bool kOAliasQ = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
+                                   kHeadDimV == kHeadDim && sizeof(ElementOut) == sizeof(Element) &&
+                                   kHeadDim >= FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM;
+  static_assert(!kOAliasQ || kOBytes == int(cosize_v<SmemLayoutQ> * sizeof(Element)),
+                "O aliases Q: same bytes");
+  static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ;
 
   struct NoSmemO {};
   struct SmemO {
@@ -235,7 +261,7 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
-    std::conditional_t<kTmaStoreO, SmemO, NoSmemO> o;
+    std::conditional_t<kOBuffer, SmemO, NoSmemO> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     // Q is loaded once per tile into one buffer: q_full (the TMA transaction barrier) tells
