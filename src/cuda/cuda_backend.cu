@@ -169,11 +169,11 @@ int sm90_heuristic_splits(const ForwardParams& p, const sm90::FwdKernel& k) {
   return (n_blocks + per_split - 1) / per_split;  // no split left without blocks
 }
 
-// FP8 inputs: the V^T the pre-pass writes (fp8_vt_layout.hpp) leads the workspace, rounded
-// to 16 bytes; 0 otherwise.
+// FP8 inputs: the V^T the pre-pass writes and its NaN key bits (fp8_vt_layout.hpp) lead the
+// workspace, rounded to 16 bytes; 0 otherwise.
 std::size_t fp8_vt_workspace_bytes(const ForwardParams& p) {
   if (!p.fp8_inputs()) return 0;
-  return std::size_t(sm90::fp8_vt_bytes(p) + 15) / 16 * 16;
+  return std::size_t(sm90::fp8_vt_bytes(p) + sm90::fp8_v_nan_key_bytes(p) + 15) / 16 * 16;
 }
 
 // dynamic_deal: a varlen call's workspace also holds the tile counter. FP8 runs unsplit (its
@@ -253,6 +253,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   if (vt_bytes > 0) {
     check_workspace(workspace, vt_bytes, " for the fp8 forward's transposed V");
     kp.fp8_v_t = static_cast<std::uint8_t*>(workspace.data);
+    kp.fp8_v_nan_keys = reinterpret_cast<std::uint32_t*>(kp.fp8_v_t + sm90::fp8_vt_bytes(params));
     workspace.data = static_cast<char*>(workspace.data) + vt_bytes;
     workspace.bytes -= vt_bytes;
   }

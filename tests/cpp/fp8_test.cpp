@@ -162,7 +162,8 @@ TEST(Fp8ForwardLayout, PackedPMatchesTransposedVOrder) {
 
 // V^T in the workspace: each sequence's columns (its keys rounded up to 32, then at least 128
 // zero columns) start at a multiple of 32, never overlap the next sequence's and stay inside
-// the row, for packed varlen offsets and for padded batches.
+// the row, for packed varlen offsets and for padded batches; their words of NaN key bits
+// start at their first column and stay inside the kv head's row of words.
 TEST(Fp8ForwardLayout, TransposedVSequencesDoNotOverlap) {
   namespace sm90 = detail::cuda::sm90;
   auto rng = test_rng();
@@ -193,6 +194,15 @@ TEST(Fp8ForwardLayout, TransposedVSequencesDoNotOverlap) {
       EXPECT_GE(start, end_of_previous) << "sequence " << b;
       EXPECT_GE(columns - lengths[b], 128);  // the last key block (<= 128 keys) reads zeros
       EXPECT_EQ(columns % 32, 0);
+      // Its NaN key bits: the words of its columns, inside the head's share of the bits.
+      for (int h : {0, 2}) {
+        p.heads_kv = 3;
+        const std::int64_t word = sm90::fp8_v_nan_key_word(p, h, int(start));
+        EXPECT_EQ(word * 32, h * sm90::fp8_vt_row_columns(p) + start);
+        EXPECT_LE((word * 32 + columns) / 32, (h + 1) * sm90::fp8_vt_row_columns(p) / 32);
+        EXPECT_LE((word * 32 + columns) / 32 * 4, sm90::fp8_v_nan_key_bytes(p));
+        p.heads_kv = 1;
+      }
       end_of_previous = start + columns;
       first += lengths[b];
     }

@@ -28,6 +28,8 @@ struct FwdKernelParams {
   float softcap_in_scale = 0.f;  // scale / softcap, 0 without softcap
   // sm90a FP8: the workspace's V^T (sm90/fp8_vt_layout.hpp), written by the pre-pass.
   std::uint8_t* fp8_v_t = nullptr;
+  // sm90a FP8: the NaN key bits after V^T (same file), written by the pre-pass.
+  std::uint32_t* fp8_v_nan_keys = nullptr;
   // A paged KV cache's block table (prefill with a cache on the forward kernels); unused by the
   // other instantiations. Last, so the members above keep their offsets.
   PagedKV paged;

@@ -70,6 +70,12 @@ __device__ __forceinline__ bool chunk_has_e4m3_nan(uint4 c) {
   return (t & 0x80808080u) != 0;
 }
 
+// 0xff in each byte of a word of four e4m3 values that is NaN, 0 in the others (the test of
+// chunk_has_e4m3_nan, bit 7 of each byte spread over the byte).
+__device__ __forceinline__ std::uint32_t e4m3_nan_bytes(std::uint32_t w) {
+  return ((((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) >> 7) * 0xffu;
+}
+
 // Whether any bit in [first, last] (block-relative, may reach past [0, 32 * kWords)) is set.
 template <int kWords>
 __device__ __forceinline__ bool any_row_bit(const std::uint32_t* row_bits, int first, int last) {

@@ -3,24 +3,30 @@
 // keys contiguous, each 32-key chunk in the P V key order), the layout of fp8_vt_layout.hpp.
 // One CTA per (32-key chunk, kv head, sequence): it reads the chunk's 32 rows of V (zeros past
 // the sequence's end), and writes Dv rows of 32 bytes. Chunks past the sequence's keys are the
-// zero gap after it. Memory-bound: V is read once and written once.
+// zero gap after it. Memory-bound: V is read once and written once. Each CTA also writes the
+// word of NaN key bits of its 32 keys (every word a forward may read is written, zeros too).
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/non_finite_rows.hpp"
 #include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/fp8_pv_order.hpp"
 #include "cuda/sm90/fp8_vt_layout.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
+inline constexpr int kFp8VtPrepassThreads = 256;
+
 template <int kMaxHeadDimV>
-__global__ void __launch_bounds__(256)
-    fp8_vt_prepass_kernel(const ForwardParams p, std::uint8_t* vt, std::int64_t row_columns,
-                          int chunks_per_seq) {
+__global__ void __launch_bounds__(kFp8VtPrepassThreads)
+    fp8_vt_prepass_kernel(const ForwardParams p, std::uint8_t* vt, std::uint32_t* nan_keys,
+                          std::int64_t row_columns, int chunks_per_seq) {
   constexpr int kChunk = kFp8PvChunk;
+  static_assert(kChunk == 32, "one word of NaN key bits per chunk");
   __shared__ alignas(16) std::uint8_t rows[kChunk][kMaxHeadDimV + 16];
+  __shared__ std::uint32_t warp_nan_keys[kFp8VtPrepassThreads / 32];
   const int chunk = int(blockIdx.x % unsigned(chunks_per_seq));
   const int b = int(blockIdx.x / unsigned(chunks_per_seq));
   const int h = int(blockIdx.y);
@@ -35,6 +41,7 @@ __global__ void __launch_bounds__(256)
   const auto* v = static_cast<const std::uint8_t*>(p.v) +
                   seq.offset(p.v_stride, seq.batch_k, seq.row_k, h);
   const int pieces = (dv + 15) / 16;
+  std::uint32_t my_nan_keys = 0;  // bit r: a piece of row r this thread read holds a NaN
   for (int i = tid; i < kChunk * pieces; i += blockDim.x) {
     const int r = i / pieces, c = (i % pieces) * 16;
     const int key = key0 + r;
@@ -49,12 +56,21 @@ __global__ void __launch_bounds__(256)
         val = *reinterpret_cast<const uint4*>(bytes);
       }
     }
+    if (chunk_has_e4m3_nan(val)) my_nan_keys |= 1u << r;
     *reinterpret_cast<uint4*>(&rows[r][c]) = val;
   }
+  my_nan_keys = __reduce_or_sync(0xffffffffu, my_nan_keys);
+  if (tid % 32 == 0) warp_nan_keys[tid / 32] = my_nan_keys;
   __syncthreads();
+  const std::int64_t column = fp8_vt_seq_start(first_row, b) + key0;
+  if (tid == 0) {
+    std::uint32_t word = 0;
+    for (int w = 0; w < kFp8VtPrepassThreads / 32; ++w) word |= warp_nan_keys[w];
+    nan_keys[(std::int64_t(h) * row_columns + column) / 32] = word;
+  }
 
   // Dv rows of 32 bytes: two 16-byte halves per row, slot a holding key fp8_pv_key_of_slot(a).
-  std::uint8_t* out = vt + std::int64_t(h) * dv * row_columns + fp8_vt_seq_start(first_row, b) + key0;
+  std::uint8_t* out = vt + std::int64_t(h) * dv * row_columns + column;
   for (int i = tid; i < dv * 2; i += blockDim.x) {
     const int d = i / 2, half = i % 2;
     std::uint32_t words[4];
@@ -69,15 +85,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Writes V^T for every sequence and kv head of the call into `vt` (fp8_vt_bytes(p) bytes).
+// Writes V^T for every sequence and kv head of the call into `vt` (fp8_vt_bytes(p) bytes), and
+// its NaN key bits into `nan_keys` (fp8_v_nan_key_bytes(p)).
 template <int kMaxHeadDimV>
-void launch_fp8_vt_prepass(const ForwardParams& p, std::uint8_t* vt, cudaStream_t stream) {
+void launch_fp8_vt_prepass(const ForwardParams& p, std::uint8_t* vt, std::uint32_t* nan_keys,
+                           cudaStream_t stream) {
   const int chunks_per_seq = int(fp8_vt_seq_columns(p.seqlen_k) / kFp8PvChunk);
   const std::int64_t blocks = std::int64_t(chunks_per_seq) * p.batch;
   if (blocks == 0 || p.heads_kv == 0) return;
   const dim3 grid(unsigned(blocks), unsigned(p.heads_kv));
-  fp8_vt_prepass_kernel<kMaxHeadDimV>
-      <<<grid, 256, 0, stream>>>(p, vt, fp8_vt_row_columns(p), chunks_per_seq);
+  fp8_vt_prepass_kernel<kMaxHeadDimV><<<grid, kFp8VtPrepassThreads, 0, stream>>>(
+      p, vt, nan_keys, fp8_vt_row_columns(p), chunks_per_seq);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
 }
 

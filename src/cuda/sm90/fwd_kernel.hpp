@@ -10,7 +10,7 @@
 // only assigns warpgroup roles and walks the scheduler's tiles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA,
 //                    warps 1-3 check the V of the key blocks the mask cuts
-//                    (fwd_non_finite_v.hpp; not FP8);
+//                    (fwd_non_finite_v.hpp; FP8: warp 1 reads the pre-pass's NaN bits);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       }
     } else if (warp > 0) {
       if constexpr (Traits::kScanV)
-        FwdNonFiniteV<Traits>::scanner(ss, kp.p.window_left, kp.p.window_right);
+        FwdNonFiniteV<Traits>::scanner(ss, kp.p.window_left, kp.p.window_right,
+                                       kp.fp8_v_nan_keys);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -118,7 +118,8 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                 "forward's limit of 2^30");
   const int units = Scheduler::num_units(kp);
   if (units == 0) return;
-  if constexpr (Traits::kFp8) launch_fp8_vt_prepass<kHeadDimV>(p, kp.fp8_v_t, stream);
+  if constexpr (Traits::kFp8)
+    launch_fp8_vt_prepass<kHeadDimV>(p, kp.fp8_v_t, kp.fp8_v_nan_keys, stream);
   int device = 0, sms = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHCPP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

@@ -97,9 +97,18 @@ struct FwdMainloop {
     // pipelines' arrivals: their is_leader).
     using cute::TMA::CacheHintSm90;
     const bool leader = !Traits::kPaged || threadIdx.x == 0;
-    if constexpr (Traits::kScanV)
-      if (leader)
-        FwdNonFiniteV<Traits>::publish_tile(ss, work, range, m_block, seq.seqlen_q, seq.seqlen_k);
+    // FP8: the sequence's first column in V^T (fp8_vt_layout.hpp).
+    int vt_start = 0;
+    if constexpr (Traits::kFp8)
+      vt_start = int(fp8_vt_seq_start(seq.row_k + seq.batch_k * p.seqlen_k, batch));
+    if constexpr (Traits::kScanV) {
+      if (leader) {
+        // FP8: where the NaN key bits of the tile's keys start.
+        const int nan_word = Traits::kFp8 ? fp8_v_nan_key_word(p, head_kv, vt_start) : 0;
+        FwdNonFiniteV<Traits>::publish_tile(ss, work, range, m_block, seq.seqlen_q, seq.seqlen_k,
+                                            nan_word);
+      }
+    }
     auto issue = [&](auto&& load_k, auto&& load_v) {
       load_k(range.end - 1);
       if (work > 0) cutlass::arch::ClusterBarrier::wait(&ss.q_empty, (work - 1) & 1);
@@ -131,9 +140,8 @@ struct FwdMainloop {
         if constexpr (Traits::kFp8) {
           // V^T of this sequence and kv head: (Dv, key) from its start in the workspace.
           Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});
-          const std::int64_t first_row = seq.row_k + seq.batch_k * p.seqlen_k;
           Tensor mVt = domain_offset(
-              make_coord(_0{}, int(fp8_vt_seq_start(first_row, batch))),
+              make_coord(_0{}, vt_start),
               params.tma_v.get_tma_tensor(make_shape(p.head_dim_v, int(fp8_vt_row_columns(p)),
                                                      p.heads_kv, 1))(_, _, head_kv, 0));
           Tensor gVt = local_tile(mVt, Shape<Int<kHeadDimV>, Int<kBlockN>>{},
@@ -343,6 +351,25 @@ struct FwdMainloop {
     // scan, since such a block is cut (fwd_non_finite_v.hpp). FP8: the pre-pass wrote zeros
     // there.
     static_assert(Traits::kScanV || Traits::kFp8, "the V scan zeroes the varlen tail rows");
+    // Cut block `block`, whose V is in v_state's stage (scanned, not yet released): the rows
+    // that see a key the scan flagged become NaN in O (fwd_non_finite_v.hpp). FP8: at the end
+    // of the tile instead, from the pre-pass's bits, if a cut block had a flagged key: the
+    // test between the P V chunks' issues made ptxas serialise the wgmmas (C7513).
+    auto nan_rows_seeing_flagged_keys = [&](int block) {
+      if constexpr (Traits::kScanV && !Traits::kFp8) {
+        if (block_is_cut(block, unmasked) && ss.v_flagged[v_state.index()]) {
+          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
+                  ss, v_state.index(), mask, c_rc, m0, block * kBlockN)) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r)
+              if (rows >> r & 1) {
+                CUTE_UNROLL
+                for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+              }
+          }
+        }
+      }
+    };
 
     // ---- steady state: S_n overlaps P_{n+1} V_{n+1} ----
     for (--n; n >= range.begin; --n) {
@@ -359,7 +386,7 @@ struct FwdMainloop {
       ++k_state;
       score_mod(acc_s, n);
       softmax.step(s_rc, scale_log2, o_scale);
-      if constexpr (Traits::kScanV) {
+      if constexpr (Traits::kScanV && !Traits::kFp8) {
         if (block_is_cut(n + 1, unmasked) && ss.v_flagged[v_state.index()]) {
           // A NaN rescale makes the whole O row NaN from here on.
           if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
@@ -405,22 +432,22 @@ struct FwdMainloop {
     turn_end();
     // The last block's rows that see a flagged key are NaN once its P V is in O (read before
     // the stage, and its flag, are released).
+    bool flagged = false;  // FP8: a cut block of the tile had a NaN key
     pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
-      if constexpr (Traits::kScanV) {
-        if (block_is_cut(range.begin, unmasked) && ss.v_flagged[v_state.index()]) {
-          if (const std::uint32_t rows = NonFiniteV::template rows_seeing_flagged_keys<kRows>(
-                  ss, v_state.index(), mask, c_rc, m0, range.begin * kBlockN)) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r)
-              if (rows >> r & 1) {
-                CUTE_UNROLL
-                for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) = NAN;
-              }
-          }
-        }
-      }
+      nan_rows_seeing_flagged_keys(range.begin);
+      if constexpr (Traits::kFp8) flagged = NonFiniteV::tile_flagged(ss, work);
       release_v();
     });
+    if constexpr (Traits::kFp8) {
+      if (flagged) {
+        const ForwardParams& p = kp.p;
+        const int head_kv = head / (p.heads_q / p.heads_kv);
+        const int vt_start = int(fp8_vt_seq_start(seq.row_k + seq.batch_k * p.seqlen_k, batch));
+        NonFiniteV::template nan_rows_seeing_nan_keys<kRows>(
+            kp.fp8_v_nan_keys, fp8_v_nan_key_word(p, head_kv, vt_start), range, unmasked, mask,
+            c_rc, m0, o_rc);
+      }
+    }
     state = v_state;  // == k_state: every block's K and V consumed
   }
 

@@ -23,6 +23,17 @@
 // The ring has kStages + 1 entries: the producer writes a tile's entry once it has acquired
 // every V stage of the tiles before, so the scanner has read at least up to kStages uses
 // back, which covers the kStages + 1 tiles back that entry would overwrite.
+// FP8: the stage holds V^T (Dv rows of keys, fwd_fp8_vt_prepass.cuh), and the pre-pass has
+// already found the keys whose v holds a NaN (e4m3's only non-finite value): it wrote them as
+// bits to the workspace (fp8_vt_layout.hpp). So no stage is scanned: for a cut block warp 1
+// alone reads the block's words of bits (the ring entry says where the tile's sequence and kv
+// head start), and only if one is set zeroes the stage's NaN bytes (a flat walk: the layout
+// does not matter) and sets the tile's `flagged` in its ring entry. Warps 2 and 3 have no
+// work. The consumers still wait on v_scanned before the P V of a cut block (the zeros), read
+// `flagged` before releasing the tile's last V stage and, if set, make the rows that see a
+// flagged key NaN at the end of the tile, from the bits in the workspace (a per-block test
+// between the P V chunks' wgmmas made ptxas serialise them; a flag carried along the key loop
+// spilled at d256).
 #include <cmath>
 #include <cstdint>
 
@@ -55,12 +66,17 @@ struct FwdNonFiniteV {
   static constexpr int kChunks = int(Traits::kVStageBytes / 16);
   static constexpr int kBatch = 4;
   static constexpr int kTileSlots = Traits::kScanTileSlots;
+  using ScanTile = typename SharedStorage::ScanTile;
   static_assert(kTileSlots >= kStages + 1);
   // The flat walk reads stage s at bytes [s, s + 1) * kVStageBytes of ss.v.
   static_assert(cute::cosize_v<typename Traits::SmemLayoutV> * sizeof(Element) ==
                 kStages * Traits::kVStageBytes);
   static_assert(typename Traits::SmemLayoutV{}(0, 0, 1) * sizeof(Element) ==
                 Traits::kVStageBytes);
+  static_assert(!Traits::kFp8 || typename Traits::SmemLayoutVt{}(0, 0, 1) * sizeof(Element) ==
+                                     Traits::kVStageBytes);
+  static_assert(!Traits::kFp8 || Traits::kBlockN % 32 == 0,
+                "FP8: a key block is whole words of the pre-pass's NaN key bits");
 
   __device__ static void init(SharedStorage& ss) {
     for (int s = 0; s < kStages; ++s) cutlass::arch::ClusterBarrier::init(&ss.v_scanned[s], 1);
@@ -68,10 +84,12 @@ struct FwdNonFiniteV {
 
   // Producer thread, at the start of tile number `work` (counting the tiles with work), before
   // its loads: the tile's key blocks, query block and sequence lengths, for the scanner (which
-  // works out the unmasked band itself: this thread runs at 24 registers).
+  // works out the unmasked band itself: this thread runs at 24 registers). FP8: nan_word, the
+  // word of the NaN key bits that holds key 0 of the tile's sequence and kv head.
   __device__ static void publish_tile(SharedStorage& ss, int work, BlockRange range, int m_block,
-                                      int seqlen_q, int seqlen_k) {
-    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, m_block, seqlen_q, seqlen_k};
+                                      int seqlen_q, int seqlen_k, int nan_word) {
+    ss.v_scan_tiles[work % kTileSlots] = {range.begin, range.end, m_block, seqlen_q,
+                                          seqlen_k,    nan_word,  0};
   }
 
   // Producer thread, after its last tile (`work` tiles) and pipeline_v.producer_tail (every
@@ -85,9 +103,13 @@ struct FwdNonFiniteV {
 
   // Warps 1-3 of the CTA (kScanThreads). Warp 1 follows the ring; the others wait for a cut stage.
   // Every barrier of the scan is reached from one place in the code by all three warps.
-  // window_left / window_right: the call's (the tiles' masks).
-  __device__ static void scanner(SharedStorage& ss, int window_left, int window_right) {
+  // window_left / window_right: the call's (the tiles' masks). FP8: warp 1 alone, and nan_keys
+  // the pre-pass's NaN key bits.
+  __device__ static void scanner(SharedStorage& ss, int window_left, int window_right,
+                                 const std::uint32_t* nan_keys) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if constexpr (Traits::kFp8)
+      if (warp != 1) return;
     // Warp 1, lane 0's walk: the V stage and phase, the tile's ring slot, its blocks left and
     // the next one, its unmasked band.
     int stage = 0, slot = 0, left = 0, n = 0, seqlen_k = 0;
@@ -130,7 +152,7 @@ struct FwdNonFiniteV {
             if (cut == 0) {
               cut = block_is_cut(n, band);
               // (read after the barrier below; >= kBlockN: no key of the block is past the end)
-              ss.v_scan_tail = seqlen_k - n * kBlockN;
+              if constexpr (!Traits::kFp8) ss.v_scan_tail = seqlen_k - n * kBlockN;
               --n;
             }
             --left;
@@ -139,17 +161,31 @@ struct FwdNonFiniteV {
           if (cut != 0) break;
           release_stage();
         }
+        if constexpr (Traits::kFp8) {
+          if (cut < 0) return;
+          // The tile's entry (still the tile's: the producer cannot rewrite it before this
+          // stage is released): the cut block n + 1's first word; flagged for the consumers.
+          volatile ScanTile* const entry = &ss.v_scan_tiles[slot == 0 ? kTileSlots - 1 : slot - 1];
+          int word = 0;
+          if (lane == 0) word = entry->nan_word + (n + 1) * (kBlockN / 32);
+          if (read_nan_keys(ss, stage, nan_keys, __shfl_sync(0xffffffffu, word, 0)) && lane == 0)
+            entry->flagged = 1;
+          release_stage();
+          continue;
+        }
         if (lane == 0) ss.v_scan_stage = cut < 0 ? -1 : stage;  // read after the barrier
         __syncwarp();
       }
-      named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
-      const int scan_stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
-      if (scan_stage < 0) return;
-      const bool flagged =
-          scan(ss, scan_stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
-      if (warp == 1) {
-        if (lane == 0) ss.v_flagged[stage] = flagged;
-        release_stage();
+      if constexpr (!Traits::kFp8) {
+        named_barrier_sync_unaligned(NamedBarrier::kFwdVScan, kScanThreads);
+        const int scan_stage = *reinterpret_cast<volatile const int*>(&ss.v_scan_stage);
+        if (scan_stage < 0) return;
+        const bool flagged =
+            scan(ss, scan_stage, *reinterpret_cast<volatile const int*>(&ss.v_scan_tail));
+        if (warp == 1) {
+          if (lane == 0) ss.v_flagged[stage] = flagged;
+          release_stage();
+        }
       }
     }
   }
@@ -159,6 +195,41 @@ struct FwdNonFiniteV {
   template <class PipelineState>
   __device__ static void wait_scanned(SharedStorage& ss, const PipelineState& state) {
     cutlass::arch::ClusterBarrier::wait(&ss.v_scanned[state.index()], state.phase());
+  }
+
+  // FP8, consumer, at the end of a tile (O complete) one of whose cut blocks held a flagged key:
+  // each of this thread's O rows r (query m0 + the row of c_rc(r, 0)) that sees a key with a
+  // NaN v in a cut block of `range` becomes NaN. From the pre-pass's bits (words from
+  // `word0`, the tile's sequence and kv head; the stages' flags are released by now). Rare:
+  // only calls with NaN in v come here.
+  template <int kRows, class RowCol, class ORowCol>
+  __device__ static void nan_rows_seeing_nan_keys(const std::uint32_t* nan_keys, int word0,
+                                                  BlockRange range, BlockRange unmasked,
+                                                  const WindowMask& mask, const RowCol& c_rc,
+                                                  int m0, ORowCol& o_rc) {
+#pragma unroll 1
+    for (int n = range.begin; n < range.end; ++n) {
+      if (!block_is_cut(n, unmasked)) continue;
+      std::uint32_t bits[kWords];
+      CUTE_UNROLL
+      for (int w = 0; w < kWords; ++w) bits[w] = nan_keys[word0 + n * (kBlockN / 32) + w];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        int first, last;
+        mask.row_window(m0 + cute::get<0>(c_rc(r, 0)), n * kBlockN, kBlockN, first, last);
+        if (any_row_bit<kWords>(bits, first, last)) {
+          CUTE_UNROLL
+          for (int c = 0; c < cute::size<1>(o_rc); ++c) o_rc(r, c) = NAN;
+        }
+      }
+    }
+  }
+
+  // FP8, consumer, before releasing the last V stage of tile number `work` (the producer may
+  // rewrite the tile's ring entry after that): whether a cut block of the tile had a NaN key.
+  __device__ static bool tile_flagged(const SharedStorage& ss, int work) {
+    return reinterpret_cast<const volatile ScanTile&>(ss.v_scan_tiles[work % kTileSlots])
+               .flagged != 0;
   }
 
   // Consumer, on cut block n (keys from n0 = n * kBlockN) whose V is in stage `stage`
@@ -224,6 +295,38 @@ struct FwdNonFiniteV {
     // (the same branch in every thread of warp 1; warps 2 and 3 go back to waiting)
     if (flagged && t < 32) zero_and_flag_rows(ss, stage);
     return flagged;
+  }
+
+  // FP8, warp 1: whether a key of the cut block in stage `stage` holds a NaN v, from the
+  // pre-pass's bits (words nan_keys[word ...], one per 32 keys). If so (rare), zeroes every
+  // NaN byte of the stage (all of them belong to those keys: the pre-pass flags every NaN of
+  // the sequence, and past its keys V^T holds zeros); the consumers read the bits again at the
+  // end of the tile. Zeroing whole 16-byte chunks, as the 16-bit path does, would not do: a
+  // chunk of V^T is one value column of 16 keys.
+  __device__ static bool read_nan_keys(SharedStorage& ss, int stage,
+                                       const std::uint32_t* nan_keys, int word) {
+    const int lane = threadIdx.x % 32;
+    const std::uint32_t bits = lane < kWords ? nan_keys[word + lane] : 0u;
+    if (!__any_sync(0xffffffffu, bits != 0)) return false;
+    // (lane 0 waited for the stage's load: the warp reads it after this)
+    __syncwarp();
+    uint4* const chunks = reinterpret_cast<uint4*>(ss.v.data()) + stage * kChunks;
+#pragma unroll 1
+    for (int f = lane; f < kChunks; f += 32) {
+      uint4 c = chunks[f];
+      const uint4 nan = make_uint4(e4m3_nan_bytes(c.x), e4m3_nan_bytes(c.y), e4m3_nan_bytes(c.z),
+                                   e4m3_nan_bytes(c.w));
+      if ((nan.x | nan.y | nan.z | nan.w) != 0) {
+        c.x &= ~nan.x;
+        c.y &= ~nan.y;
+        c.z &= ~nan.z;
+        c.w &= ~nan.w;
+        chunks[f] = c;
+      }
+    }
+    cutlass::arch::fence_view_async_shared();
+    __syncwarp();
+    return true;
   }
 
   // The rare path of the scan, by warp 1 alone (the warp that then publishes the verdict, so

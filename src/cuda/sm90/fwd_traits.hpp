@@ -216,9 +216,9 @@ struct FwdTraits {
 
   // The V scan of the key blocks the mask cuts (fwd_non_finite_v.hpp): warps 1-3 of the
   // producer warpgroup (one more consumer thread of the V pipeline), one bit per key row of a
-  // stage. Not for FP8, whose V stage holds V^T from the pre-pass (a scan of key rows would
-  // read columns).
-  static constexpr bool kScanV = !kFp8;
+  // stage. FP8 (V^T from the pre-pass in the stage): warp 1 reads the pre-pass's NaN key bits
+  // instead of scanning.
+  static constexpr bool kScanV = true;
   static constexpr int kScanThreads = 96;
   static constexpr int kVKeyWords = (kBlockN + 31) / 32;
   static constexpr int kScanTileSlots = kStages + 1;
@@ -275,7 +275,9 @@ struct FwdTraits {
     // arrives), whether it found a non-finite value and (valid only then) the key bits; the
     // stage warps 2-3 scan and its first row past the sequence's keys.
     struct ScanTile {
-      int begin, end, m_block, seqlen_q, seqlen_k;
+      // FP8: nan_word, the tile's first word of NaN key bits; flagged, set by the scanner
+      // when a cut block of the tile has a NaN key.
+      int begin, end, m_block, seqlen_q, seqlen_k, nan_word, flagged;
     };
     ScanTile v_scan_tiles[kScanTileSlots];
     alignas(8) std::uint64_t v_scanned[kStages];
