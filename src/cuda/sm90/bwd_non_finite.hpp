@@ -58,7 +58,7 @@ namespace flashcpp::detail::cuda::sm90 {
 template <int kStages>
 struct BwdNonFiniteStorage {
   static constexpr int kKeyWords = 4;           // a bit per key, up to 128 keys
-  alignas(8) std::uint64_t k_clean;             // K's non-finite chunks zeroed (both scanners)
+  alignas(8) std::uint64_t k_clean;             // K's non-finite chunks zeroed (scanner lanes)
   alignas(8) std::uint64_t kv_tail;             // varlen: K's rows past the end zeroed (consumers)
   alignas(8) std::uint64_t clean[kStages];      // a ring stage's Q and dO cleaned (both)
   std::uint32_t do_zeroed[kStages];             // ... its dO had a non-finite chunk
@@ -76,7 +76,7 @@ struct BwdNonFinite {
   // By the producer's elected thread of warp 0, before the CTA's first __syncthreads.
   __device__ static void init(SharedStorage& ss) {
     auto& st = ss.non_finite;
-    cutlass::arch::ClusterBarrier::init(&st.k_clean, 2);
+    cutlass::arch::ClusterBarrier::init(&st.k_clean, 2 * 32);  // every scanner lane
     cutlass::arch::ClusterBarrier::init(&st.kv_tail, Traits::kConsumerThreads);
     for (int s = 0; s < kStages; ++s) cutlass::arch::ClusterBarrier::init(&st.clean[s], 2);
   }
@@ -201,13 +201,6 @@ struct BwdNonFinite {
     while (end > begin && !mask.tile_unmasked(end - 1, Traits::kBlockM, n_block, Traits::kBlockN))
       --end;
     const bool any_cut = begin != m_range.begin || end != m_range.end;
-    // Zeros written here are read by wgmma (async proxy): fenced, then the warp's writes are
-    // published by lane 0's arrival (release) after __syncwarp.
-    auto arrive_after_fence = [&](std::uint64_t* barrier) {
-      cutlass::arch::fence_view_async_shared();
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(barrier);
-    };
     // The consumers wait on a stage's clean barrier for the tiles they need it for only; lane
     // 0 waits on the stage's previous phase (long complete) before each arrival, so no phase
     // goes unwaited for (compute-sanitizer synccheck's "missing wait").
@@ -237,7 +230,10 @@ struct BwdNonFinite {
       CUTE_UNROLL
       for (int w = 0; w < kHalfWords; ++w) st.k_zeroed[first_key / 32 + w] = 0;
     }
-    arrive_after_fence(&st.k_clean);  // (in every CTA: every consumer waits on it)
+    // Every lane arrives (in every CTA: every consumer waits on it): the d64 consumers read K
+    // with generic loads, and each writer's own arrival is what publishes its zeros to them.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::ClusterBarrier::arrive(&st.k_clean);
     constexpr int kQChunks = kStageElems<typename Traits::SmemLayoutQ> / 8;
     constexpr int kDoChunks = kStageElems<typename Traits::SmemLayoutDo> / 8;
     static_assert(kQChunks % 64 == 0 && kDoChunks % 64 == 0);
