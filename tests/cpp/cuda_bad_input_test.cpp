@@ -553,20 +553,31 @@ TEST_P(CudaInfKeys, Gqa) {
     }
 }
 
-// With a softcap an Inf k gives the rows that see it a finite score (c tanh(+-Inf) = +-c).
-// sm80 recomputes S from the true k and reads its Inf as 0 in the dQ product only, so the
-// hidden rows stay clean; sm90a cannot (its zeroed K would lose the score's sign) and leaves
-// this case out (docs/semantics.md).
-TEST_P(CudaInfKeys, SoftcapSm80) {
-  if (GetParam() == Backend::cuda_sm90) GTEST_SKIP() << "sm90a: an exception (docs/semantics.md)";
-  for (const bool deterministic : {false, true})
-    for (const float value : {float(INFINITY), -float(INFINITY)}) {
-      BwdCase c = base(300, 2, 2, 128);
-      c.causal = true;
-      c.softcap = 30.f;
-      c.deterministic = deterministic;
-      check_inf_key(c, 150, 0, 7, value);
-    }
+// With a softcap an Inf k gives the rows that see it a finite score (c tanh(+-Inf) = +-c), in
+// their lse. sm80 recomputes S from the true k and reads its Inf as 0 in the dQ product only;
+// sm90a zeroes it in shared memory and recomputes that key's scores from k in global memory.
+// Every head-dim layout of the sm90a backward, as in Causal.
+TEST_P(CudaInfKeys, Softcap) {
+  for (const int d : {64, 128, 256})
+    for (const bool deterministic : {false, true})
+      for (const float value : {float(INFINITY), -float(INFINITY)}) {
+        BwdCase c = base(300, 2, 2, d);
+        c.causal = true;
+        c.softcap = 30.f;
+        c.deterministic = deterministic;
+        check_inf_key(c, 150, 0, 7, value);
+      }
+}
+
+// The same through a window, with GQA 2:1 and a second Inf key near the end.
+TEST_P(CudaInfKeys, SoftcapWindowGqa) {
+  for (const float value : {float(INFINITY), -float(INFINITY)}) {
+    BwdCase c = base(300, 4, 2, 128);
+    c.wl = c.wr = 4;
+    c.softcap = 30.f;
+    check_inf_key(c, 20, 0, 3, value);
+    check_inf_key(c, 299, 1, 127, value);
+  }
 }
 
 // ---- NaN scores and NaN rows of q or dout ------------------------------------------------------

@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
           Mainloop{}.write_dq(kp, mask, n_block, head_kv, batch, m_range, ss);
       }
     } else if (has_work) {
-      BwdNonFinite<Traits>::scanner(ss, mask, m_range, n_block, p.heads_q / p.heads_kv, warp,
-                                    kp.softcap_in_scale != 0.f);
+      BwdNonFinite<Traits>::scanner(ss, mask, m_range, n_block, p.heads_q / p.heads_kv, warp);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

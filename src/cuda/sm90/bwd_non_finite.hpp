@@ -8,8 +8,7 @@
 //  - two warps of the producer warpgroup (the "scanners"; warp 0 issues the TMA loads, warp 1
 //    may be the dQ writer) zero the non-finite 16-byte chunks of the tile's Q (warp 2) and dO
 //    (warp 3), and, once per CTA whose key block the mask cuts somewhere, the non-finite
-//    chunks of K (both, half the keys each; NaN only with a softcap, see below), with a bit
-//    per key that had one zeroed;
+//    chunks of K (both, half the keys each), with a bit per key that had one zeroed;
 //  - the consumers wait for the scanners only before the products that read those operands
 //    for a cut tile (dV, dK, dQ), and once per CTA for the K scan, before the first tile's P
 //    (their first dQ product reads K after that). The scans overlap S^T and dP^T, which read
@@ -29,8 +28,8 @@
 //    (IEEE gives NaN in its non-finite columns to the rows that see it with a -Inf score:
 //    docs/semantics.md).
 //    With a softcap an Inf k gives the rows that see it a finite score (c tanh(+-Inf) = +-c)
-//    whose sign the zeroed K has lost, so only NaN chunks are zeroed there (a row that sees a
-//    NaN key has a NaN lse) and an Inf k at a hidden pair still reaches dq;
+//    that is in their lse, so -inf would be wrong: there the consumers recompute that key's
+//    scores in fp32 from its k row in global memory (exact_score), which the zeroed K lost;
 //  - when a tile's dO had a non-finite chunk (rare), the consumers add 0 * dS to P: that row's
 //    dsum is not finite, so its dS is at the pairs it sees, and dV of those keys stays NaN
 //    though its dO row was zeroed.
@@ -50,6 +49,7 @@
 
 #include "common/mask.hpp"
 #include "cuda/common/non_finite_rows.hpp"
+#include "cuda/common/seqlen_info.hpp"
 #include "cuda/sm90/zero_rows.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
@@ -112,6 +112,25 @@ struct BwdNonFinite {
     return (ss.non_finite.k_zeroed[key / 32] >> (key % 32) & 1u) != 0;
   }
 
+  // With a softcap, the score q . k of such a key at query `query` of ring stage `stage` (clean:
+  // wait_clean first), in fp32 from k's row in global memory: an Inf term makes it +-Inf, or
+  // NaN with a zero q or terms of both signs, as on the tensor cores. `key` is the sequence's
+  // key index (< its length). Rare (a CTA whose key block holds such a key), so not inlined:
+  // the registers it needs would otherwise be taken from the loop around its call sites.
+  __device__ __noinline__ static float exact_score(const BackwardParams& p, int batch,
+                                                   int head_kv, int key, const SharedStorage& ss,
+                                                   int stage, int query) {
+    const SeqlenInfo seq = Traits::kVarlen ? SeqlenInfo(p, batch) : SeqlenInfo::padded(p, batch);
+    const Element* k = static_cast<const Element*>(p.k) + seq.batch_k * p.k_stride.batch +
+                       (seq.row_k + key) * p.k_stride.row + std::int64_t(head_kv) * p.k_stride.head;
+    const cute::Tensor sQ = cute::make_tensor(cute::make_smem_ptr(ss.q.data()),
+                                              typename Traits::SmemLayoutQ{});
+    float s = 0.f;
+#pragma unroll 1
+    for (int d = 0; d < p.head_dim; ++d) s = fmaf(float(sQ(query, d, stage)), float(k[d]), s);
+    return s;
+  }
+
   // Varlen, every consumer thread once its share of the zeros of the K and V rows past the
   // sequence's end is written (or at once where there are none): the scanners' K scan reads
   // those rows after it. (Each writer arrives itself: its own writes are what it publishes.)
@@ -128,14 +147,11 @@ struct BwdNonFinite {
   template <class Layout>
   static constexpr int kStageElems = int(cute::cosize_v<Layout>) / kStages;
 
-  // Zeroes the chunks [begin, end) of `tile` that hold NaN (kNanOnly) or NaN or Inf; returns
-  // whether the warp found one. Two loads in flight per lane.
-  template <bool kNanOnly>
+  // Zeroes the chunks [begin, end) of `tile` that hold NaN or Inf; returns whether the warp
+  // found one. Two loads in flight per lane.
   __device__ static bool zero_chunks(Element* tile, int begin, int end, int lane) {
     uint4* const chunks = reinterpret_cast<uint4*>(tile);
-    auto bad = [](uint4 c) {
-      return kNanOnly ? chunk_has_nan<Element>(c) : chunk_non_finite<Element>(c);
-    };
+    auto bad = [](uint4 c) { return chunk_non_finite<Element>(c); };
     bool found = false;
 #pragma unroll 1
     for (int i = begin + lane; i < end; i += 64) {
@@ -152,19 +168,17 @@ struct BwdNonFinite {
     return __any_sync(0xffffffffu, found);
   }
 
-  // K, key by key: zeroes the non-finite (kNanOnly: NaN) chunks of keys [first, first + 32
-  // kWords), lane l taking keys first + l, first + l + 32, ..., and writes their bits (lane 0,
-  // which publishes them). Two loads in flight per lane.
-  template <bool kNanOnly, int kWords>
+  // K, key by key: zeroes the non-finite chunks of keys [first, first + 32 kWords), lane l
+  // taking keys first + l, first + l + 32, ..., and writes their bits (lane 0). Two loads in
+  // flight per lane.
+  template <int kWords>
   __device__ static void zero_keys(SharedStorage& ss, int first, int lane) {
     // Through a tensor: the layout's swizzle acts on byte addresses, via the pointer.
     cute::Tensor sK =
         cute::make_tensor(cute::make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     constexpr int kChunks = Traits::kHeadDim / 8;  // a key's 16-byte chunks
     static_assert(kChunks % 2 == 0);
-    auto bad = [](uint4 c) {
-      return kNanOnly ? chunk_has_nan<Element>(c) : chunk_non_finite<Element>(c);
-    };
+    auto bad = [](uint4 c) { return chunk_non_finite<Element>(c); };
     CUTE_UNROLL
     for (int w = 0; w < kWords; ++w) {
       const int key = first + 32 * w + lane;
@@ -188,9 +202,9 @@ struct BwdNonFinite {
     }
   }
 
-  // Warps 2 and 3 of the producer warpgroup, in has_work CTAs; nan_only: with a softcap.
+  // Warps 2 and 3 of the producer warpgroup, in has_work CTAs.
   __device__ static void scanner(SharedStorage& ss, const WindowMask& mask, BlockRange m_range,
-                                 int n_block, int group, int warp, bool nan_only) {
+                                 int n_block, int group, int warp) {
     auto& st = ss.non_finite;
     const int lane = threadIdx.x % 32;
     const bool q_side = warp == kQScanWarp;
@@ -222,10 +236,7 @@ struct BwdNonFinite {
     if (any_cut) {
       cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
       if constexpr (Traits::kVarlen) cutlass::arch::ClusterBarrier::wait(&st.kv_tail, 0);
-      if (nan_only)
-        zero_keys<true, kHalfWords>(ss, first_key, lane);
-      else
-        zero_keys<false, kHalfWords>(ss, first_key, lane);
+      zero_keys<kHalfWords>(ss, first_key, lane);
     } else if (lane == 0) {
       CUTE_UNROLL
       for (int w = 0; w < kHalfWords; ++w) st.k_zeroed[first_key / 32 + w] = 0;
@@ -270,10 +281,10 @@ struct BwdNonFinite {
       // may read the chunks being zeroed, above.)
       if (m < begin || m >= end) {
         if (q_side) {
-          zero_chunks<false>(ss.q.data() + stage * kQChunks * 8, 0, kQChunks, lane);
+          zero_chunks(ss.q.data() + stage * kQChunks * 8, 0, kQChunks, lane);
         } else {
           const bool zeroed =
-              zero_chunks<false>(ss.dout.data() + stage * kDoChunks * 8, 0, kDoChunks, lane);
+              zero_chunks(ss.dout.data() + stage * kDoChunks * 8, 0, kDoChunks, lane);
           if (lane == 0) st.do_zeroed[stage] = zeroed;
         }
         arrive_clean(stage, state.phase(), true);
