@@ -254,21 +254,6 @@ struct BwdMainloop {
           CUTE_UNROLL
           for (int c = 0; c < kCols; c += 2) lse[c / 2] = stats_of(lse_stage, c);
           warpgroup_wait<1>();  // S^T done; dP^T still running
-          if constexpr (kMasked) {
-            if (has_softcap && keys_zeroed) {  // rare: such a key's exact scores
-              BwdNonFinite<Traits>::wait_clean(ss, state);  // (the Q stage read here)
-              CUTE_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const int key = key_of_row(r);
-                if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
-                  continue;
-                CUTE_UNROLL
-                for (int c = 0; c < kCols; ++c)
-                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(
-                      p, batch, head_kv, n0 + key, ss, state.index(), get<1>(cS_rc(r, c)));
-              }
-            }
-          }
           if (!has_softcap) {
             if (kMasked && keys_zeroed) {  // rare: a key whose K chunk was zeroed scores -inf
               CUTE_UNROLL
@@ -293,6 +278,23 @@ struct BwdMainloop {
           CUTE_UNROLL
           for (int c = 0; c < kDsumPrefetch; c += 2) dsum_first[c / 2] = stats_of(dsum_stage, c);
           warpgroup_wait<0>();  // dP^T done
+          if constexpr (kMasked) {
+            // Rare: such a key's exact scores. After the dP wait: a call must not run while
+            // a wgmma still writes registers.
+            if (has_softcap && keys_zeroed) {
+              BwdNonFinite<Traits>::wait_clean(ss, state);  // (the Q stage read here)
+              CUTE_UNROLL
+              for (int r = 0; r < kRows; ++r) {
+                const int key = key_of_row(r);
+                if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
+                  continue;
+                CUTE_UNROLL
+                for (int c = 0; c < kCols; ++c)
+                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(
+                      p, batch, head_kv, n0 + key, ss, state.index(), get<1>(cS_rc(r, c)));
+              }
+            }
+          }
           if (!has_softcap) {
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {

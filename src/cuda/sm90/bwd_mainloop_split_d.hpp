@@ -193,21 +193,6 @@ struct BwdMainloopSplitD {
           };
           warpgroup_wait<1>();  // S done; dP still running
           warpgroup_fence_operand(acc_s);
-          if constexpr (kMasked) {
-            if (has_softcap && keys_zeroed) {  // rare: such a key's exact scores
-              BwdNonFinite<Traits>::wait_clean(ss, state);  // (the Q stage read here)
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const int key = get<1>(cS_rc(0, c));
-                if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
-                  continue;
-                CUTE_UNROLL
-                for (int r = 0; r < kRows; ++r)
-                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(p, batch, head_kv, n0 + key, ss,
-                                                                 stage, get<0>(cS_rc(r, 0)));
-              }
-            }
-          }
           if (!has_softcap) {
             if (kMasked && keys_zeroed) {  // rare: a key whose K chunk was zeroed scores -inf
               CUTE_UNROLL
@@ -225,6 +210,23 @@ struct BwdMainloopSplitD {
           }
           warpgroup_wait<0>();  // dP done
           warpgroup_fence_operand(acc_dp);
+          if constexpr (kMasked) {
+            // Rare: such a key's exact scores. After the dP wait: a call must not run while
+            // a wgmma still writes registers.
+            if (has_softcap && keys_zeroed) {
+              BwdNonFinite<Traits>::wait_clean(ss, state);  // (the Q stage read here)
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const int key = get<1>(cS_rc(0, c));
+                if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
+                  continue;
+                CUTE_UNROLL
+                for (int r = 0; r < kRows; ++r)
+                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(p, batch, head_kv, n0 + key, ss,
+                                                                 stage, get<0>(cS_rc(r, 0)));
+              }
+            }
+          }
           if (!has_softcap) {
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r)
