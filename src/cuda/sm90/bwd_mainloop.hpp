@@ -289,9 +289,13 @@ struct BwdMainloop {
                 if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
                   continue;
                 CUTE_UNROLL
-                for (int c = 0; c < kCols; ++c)
-                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(
-                      p, batch, head_kv, n0 + key, ss, state.index(), get<1>(cS_rc(r, c)));
+                for (int c = 0; c < kCols; ++c) {
+                  const int q = get<1>(cS_rc(r, c));
+                  // (A query past the sequence's end keeps its score: lse = +inf gives P = 0.)
+                  if (m0 + q < mask.seqlen_q)
+                    s_rc(r, c) = BwdNonFinite<Traits>::exact_score(p, batch, head_kv, n0 + key,
+                                                                   ss, state.index(), q);
+                }
               }
             }
           }

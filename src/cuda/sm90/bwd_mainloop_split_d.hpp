@@ -221,9 +221,14 @@ struct BwdMainloopSplitD {
                 if (!BwdNonFinite<Traits>::key_zeroed(ss, key) || n0 + key >= mask.seqlen_k)
                   continue;
                 CUTE_UNROLL
-                for (int r = 0; r < kRows; ++r)
-                  s_rc(r, c) = BwdNonFinite<Traits>::exact_score(p, batch, head_kv, n0 + key, ss,
-                                                                 stage, get<0>(cS_rc(r, 0)));
+                for (int r = 0; r < kRows; ++r) {
+                  const int q = get<0>(cS_rc(r, 0));
+                  // (A query past the sequence's end keeps its score: lse = +inf gives P = 0;
+                  // the zero Q row there would make 0 * Inf = NaN.)
+                  if (m0 + q < mask.seqlen_q)
+                    s_rc(r, c) =
+                        BwdNonFinite<Traits>::exact_score(p, batch, head_kv, n0 + key, ss, stage, q);
+                }
               }
             }
           }
