@@ -21,7 +21,7 @@
 //  - deterministic dQ kernel, each key block the mask cuts: K's NaN and Inf chunks are
 //    zeroed after S, before dQ += dS K.
 // So a key with an Inf k adds 0 to dq of every row of the cut blocks, softcap or not (S saw
-// the true K); sm90a does the same without a softcap (docs/semantics.md).
+// the true K); so does sm90a (docs/semantics.md).
 #include <cstdint>
 #include <type_traits>
 
