@@ -8,10 +8,16 @@
 // last block first, down to the first. dq_semaphore[block] (one int per dq_accum block, zeroed
 // by the pre-pass) counts the arrivals so far; an adder waits until the count says that every
 // key block before it in the order has added and its additions are visible, adds, and arrives.
-// An adder is a warp (float4 atomics from registers, d64 and d256: kArrivals warps per key
-// block, each owning fixed float4s of the block) or the dQ writer thread that issues the bulk
-// reductions (d128, one arrival), so the key blocks before rank r have all added when the
-// count is at least r * kArrivals.
+// Each key block arrives once per block, so the key blocks before rank r have all added when
+// the count is at least r. The adders that wait for the turn are the warps (float4 atomics from
+// registers, d64 and d256, each warp owning fixed float4s of the block) or the dQ writer thread
+// that issues the bulk reductions (d128). The arrival is one thread's: the d128 writer's after
+// its reduction has completed; at d64 and d256 the announcer's (dq_announce below), a thread
+// of the producer warpgroup that arrives for the block once every adding warp of its CTA has
+// told it (through shared memory) that its atomics are issued. The gpu-scope release that
+// makes the atomics visible before the arrival waits for them to complete (MEMBAR.GPU +
+// ERRBAR): in the adding warps themselves it stalled the consumers (the d256 backward took
+// 1.3-1.4x the default kernel's time that way, H100, 2026-11-25).
 //
 // Why last block first: with causal and window masks key block n + 1 starts its walk over
 // the query blocks further down than key block n does (its first query block is later), so by
@@ -49,11 +55,20 @@ __device__ __forceinline__ int dq_load_acquire(const int* counter) {
   return seen;
 }
 
-// Waits until `counter` is at least `target` (every lane of the calling warp spins: each gets
-// its own acquire). Global writes that the arrivals made visible are then visible here.
+// Without the acquire's L1 invalidation: for the polls.
+__device__ __forceinline__ int dq_load_relaxed(const int* counter) {
+  int seen;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  return seen;
+}
+
+// Waits until `counter` is at least `target` (every lane of the calling warp spins), then
+// acquires once: global writes that the counted arrivals made visible are then visible here.
+// The polls are relaxed because an acquire load invalidates L1 (CCTL.IVALL) each time.
 __device__ __forceinline__ void dq_wait_turn(const int* counter, int target) {
-  while (dq_load_acquire(counter) < target)
+  while (dq_load_relaxed(counter) < target)
     __nanosleep(64);  // fewer loads on the line the other CTAs arrive on
+  dq_load_acquire(counter);
 }
 
 // dq_wait_turn that gives up after kDqTurnSpinLimit polls (each a 64 ns sleep plus a load from
@@ -64,10 +79,11 @@ __device__ __forceinline__ void dq_wait_turn(const int* counter, int target) {
 // writer; in the consumers' loops (d64, d256) the trap's branch made ptxas spill 240 B and 1 KB.
 inline constexpr unsigned kDqTurnSpinLimit = 1u << 30;
 __device__ __forceinline__ void dq_wait_turn_or_trap(const int* counter, int target) {
-  for (unsigned polls = 0; dq_load_acquire(counter) < target; ++polls) {
+  for (unsigned polls = 0; dq_load_relaxed(counter) < target; ++polls) {
     if (polls >= kDqTurnSpinLimit) __trap();
     __nanosleep(64);
   }
+  dq_load_acquire(counter);
 }
 
 // After the wait, before a bulk reduction (async proxy) of the same memory.
@@ -75,10 +91,12 @@ __device__ __forceinline__ void dq_fence_to_async_proxy() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// One arrival on `counter`, made by one thread after its own writes (and, through a preceding
-// warp barrier, the other lanes'): the fence and the release order them before the increment.
+// One arrival on `counter`, made by one thread after its own writes and those it has observed
+// (release is cumulative): the release orders them before the increment. A release alone, not
+// after a fence.acq_rel: the fence's acquire half invalidates L1 (CCTL.IVALL), and with the
+// fence in the consumers ptxas emitted their float4 additions as returning atomics (ATOMG)
+// instead of reductions (REDG).
 __device__ __forceinline__ void dq_arrive(int* counter) {
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
@@ -89,12 +107,46 @@ __device__ __forceinline__ void dq_arrive_after_bulk(int* counter) {
   dq_arrive(counter);
 }
 
-// A warp's float4 additions into dq_accum are done (every lane): each lane fences its own
-// atomics, the warp meets, lane 0 arrives.
-__device__ __forceinline__ void dq_warp_arrive(int* counter) {
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+// ---- the announcer (d64, d256) ----------------------------------------------------------------
+
+__device__ __forceinline__ unsigned dq_smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// A warp's float4 additions into dq_accum are issued (every lane): the warp meets (bar.warp.sync
+// orders the lanes' memory operations before lane 0's next ones) and lane 0 counts the warp in
+// `added` (shared memory) with a CTA-scope release, which is cumulative and costs no wait for
+// the atomics to complete (MEMBAR.CTA).
+__device__ __forceinline__ void dq_warp_added(unsigned* added) {
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) dq_arrive(counter);
+  if ((threadIdx.x & 31) == 0)
+    asm volatile("red.release.cta.shared::cta.add.u32 [%0], 1;" ::"r"(dq_smem_address(added))
+                 : "memory");
+}
+
+// The announcer: for the i-th block of the CTA's walk (i = 1, 2, ...), waits until kAddingWarps
+// x i warps have counted themselves in `added` (CTA-scope acquire), then arrives on the block's
+// counter with a gpu-scope release. Release is cumulative, so the arrival orders every warp's
+// atomics that the acquire observed, and the release's wait for them to complete falls on this
+// thread instead of on the consumers. `walk(f)` calls f(block) for the blocks in the
+// consumers' order (block = head * num_m_blocks + m, the counter's index). One thread.
+template <int kAddingWarps, class Walk>
+__device__ __forceinline__ void dq_announce(int* counters, const unsigned* added, Walk&& walk) {
+  const unsigned added_address = dq_smem_address(added);
+  unsigned target = 0;
+  walk([&](int block) {
+    target += kAddingWarps;
+    unsigned seen;
+    for (;;) {
+      asm volatile("ld.relaxed.cta.shared::cta.u32 %0, [%1];" : "=r"(seen) : "r"(added_address)
+                   : "memory");
+      if (seen >= target) break;
+      __nanosleep(32);  // one thread: keep its polls off the consumers' issue slots
+    }
+    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(seen) : "r"(added_address)
+                 : "memory");
+    dq_arrive(counters + block);
+  });
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -10,8 +10,9 @@
 // shell only assigns warpgroup roles:
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA;
 //                    warps 2 and 3 clean the tiles the mask cuts (bwd_non_finite.hpp);
-//                    deterministic d128: one thread of warp 1 adds the staged dQ blocks
-//                    (Mainloop::write_dq, bwd_mainloop.hpp);
+//                    deterministic: one thread of warp 1 adds the staged dQ blocks (d128,
+//                    Mainloop::write_dq) or arrives for the blocks the consumers added (d64,
+//                    d256, Mainloop::announce_dq; bwd_dq_order.hpp);
 //   warpgroups 1, 2  consumers: take registers (setmaxnreg 240); 64 keys each, or half the
 //                    head dim each for split_d tiles (the mainloop follows the tile).
 // The pre-pass (bwd_prepass.hpp) and the dq post-pass (bwd_dq_convert.hpp) run around it.
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.kv_full, 1);
     BwdNonFinite<Traits>::init(ss);
+    ss.dq_added = 0;
     if constexpr (Mainloop::kDqWriter) {
       for (int s = 0; s < Traits::kStages; ++s) {
         cutlass::arch::ClusterBarrier::init(&ss.dq_full[s], 1);
@@ -106,6 +108,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       if constexpr (Mainloop::kDqWriter) {
         if (elected && has_work)
           Mainloop{}.write_dq(kp, mask, n_block, head_kv, batch, m_range, ss);
+      } else if constexpr (Mainloop::kDqAnnouncer) {
+        if (elected && has_work) Mainloop{}.announce_dq(kp, head_kv, batch, m_range, ss);
       }
     } else if (has_work) {
       BwdNonFinite<Traits>::scanner(ss, mask, m_range, n_block, p.heads_q / p.heads_kv, warp);

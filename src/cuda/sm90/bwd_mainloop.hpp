@@ -21,8 +21,9 @@
 // for a turn: thread 0 only tells the writer that a stage is full (dq_full) and, before the
 // consumers rewrite a stage, waits until the writer has read it (dq_empty); the writer waits
 // for the turn, reduces, frees the stage and arrives once the reduction has completed. d64: each
-// warp of the warpgroup on dQ duty waits before its float4 reductions and arrives during the
-// next block, when they have long completed.
+// warp of the warpgroup on dQ duty waits before its float4 reductions and counts itself in
+// ss.dq_added after them; the announcer thread (announce_dq) arrives for the block once all 4
+// warps have.
 //
 // Producer and consumers walk the same (head, query block) sequence, so every mbarrier phase
 // matches; a key block that no query sees is skipped by both before any barrier is touched.
@@ -63,6 +64,10 @@ struct BwdMainloop {
   static constexpr int kHeadDim = Traits::kHeadDim;
   // Deterministic d128: a producer-warpgroup thread adds the dQ stages (write_dq).
   static constexpr bool kDqWriter = Traits::kDeterministic && !Traits::kDqAlternate;
+  // Deterministic d64: a producer-warpgroup thread arrives for the blocks the warps on dQ duty
+  // added (announce_dq).
+  static constexpr bool kDqAnnouncer = Traits::kDeterministic && Traits::kDqAlternate;
+  static constexpr int kAddingWarps = Traits::kDqThreads / 32;
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's keys into acc_dk, acc_dv; m_range is non-empty.
@@ -136,17 +141,11 @@ struct BwdMainloop {
     // kStages x (head * num_m_blocks + m) + stage buffer; -1 before the first block. One register
     // instead of two pointers: the loop runs at the register limit.
     int pending = -1;
-    // Deterministic d64 (bwd_dq_order.hpp): the dq block (head * num_m_blocks + m) whose
-    // reductions this warp has yet to announce, a block's arrival counter, and this key
-    // block's turn there (kDqThreads / 32 warps arrive per key block).
+    // Deterministic d64 (bwd_dq_order.hpp): a dq block's (head * num_m_blocks + m) arrival
+    // counter.
     constexpr bool kDeterministic = Traits::kDeterministic;
-    int owed = -1;
     auto dq_counter = [&](int block) {
       return kp.dq_semaphore + (std::int64_t(batch) * p.heads_q * num_m_blocks + block);
-    };
-    auto dq_turn = [&](int block) {
-      return dq_add_rank(mask, block % num_m_blocks, kBlockM, n_block, kBlockN) *
-             (Traits::kDqThreads / 32);
     };
     auto reduce_pending = [&] {
       const int block = pending / Traits::kStages;
@@ -373,10 +372,9 @@ struct BwdMainloop {
             wgmma<true>(mma_dq, tdQrdS_buf, tdQrKt, acc_dq);
             warpgroup_wait<1>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
-            if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
-              owed = head * num_m_blocks + m;
-              dq_wait_turn(dq_counter(owed), dq_turn(owed));
-            }
+            if constexpr (kDeterministic)  // the turn's load overlaps dQ on the tensor cores
+              dq_wait_turn(dq_counter(head * num_m_blocks + m),
+                           dq_add_rank(mask, m, kBlockM, n_block, kBlockN));
             warpgroup_wait<0>();  // dQ done: dS buffer `buf` is free
             if (it + 2 < num_blocks)
               named_barrier_arrive(NamedBarrier::kBwdDsFree + buf, Traits::kConsumerThreads);
@@ -391,14 +389,11 @@ struct BwdMainloop {
               atomicAdd(dq + v * Traits::kDqThreads,
                         make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2),
                                     acc_dq(4 * v + 3)));
+            if constexpr (kDeterministic) dq_warp_added(&ss.dq_added);
           } else {
             named_barrier_arrive(NamedBarrier::kBwdDsReady + buf, Traits::kConsumerThreads);
             warpgroup_wait<0>();  // dK done: Q is free
             pipeline_q.consumer_release(state);
-            if constexpr (kDeterministic) {
-              if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the last turn's reductions
-              owed = -1;
-            }
           }
         } else {
           // dQ = dS K needs both warpgroups' keys. Buffer `buf` is rewritten kStages blocks later,
@@ -459,9 +454,23 @@ struct BwdMainloop {
           bulk_wait_all();
         }
       }
-    } else if constexpr (kDeterministic) {
-      if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // this warp's last turn
     }
+  }
+
+  // Deterministic d64: the announcer, one thread of the producer warpgroup (bwd_dq_order.hpp),
+  // over the blocks in the consumers' order. m_range is non-empty.
+  __device__ void announce_dq(const BwdKernelParams& kp, int head_kv, int batch,
+                              BlockRange m_range, SharedStorage& ss) const {
+    static_assert(kDqAnnouncer);
+    const BackwardParams& p = kp.p;
+    const int group = p.heads_q / p.heads_kv;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
+    dq_announce<kAddingWarps>(kp.dq_semaphore + std::int64_t(batch) * p.heads_q * num_m_blocks,
+                              &ss.dq_added, [&](auto&& arrive) {
+                                for (int head = head_kv * group; head < (head_kv + 1) * group; ++head)
+                                  for (int m = m_range.begin; m < m_range.end; ++m)
+                                    arrive(head * num_m_blocks + m);
+                              });
   }
 
   // Deterministic d128: the dQ writer, one thread of the producer warpgroup. For every block

@@ -13,8 +13,8 @@
 // the group's heads). S is not swapped here, so each thread holds 2 query rows and reads
 // their lse_log2 and dsum from the ring stage (two values, no shuffles).
 // Deterministic (Traits::kDeterministic, bwd_dq_order.hpp): each warp waits for this key
-// block's turn before its float4 reductions and arrives in the next block, after its dP
-// product is issued, when the reductions have long completed.
+// block's turn before its float4 reductions and counts itself in ss.dq_added after them; the
+// announcer thread (announce_dq) arrives for the block once all 8 warps have.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -49,6 +49,9 @@ struct BwdMainloopSplitD {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr bool kDqWriter = false;  // no dQ stages: dQ is added from registers
+  // Deterministic: a producer-warpgroup thread arrives for the blocks the warps added.
+  static constexpr bool kDqAnnouncer = Traits::kDeterministic;
+  static constexpr int kAddingWarps = Traits::kConsumerThreads / 32;
 
   // Consumer warpgroups (thread index tid among the 256 consumer threads). Accumulates the
   // unscaled dK and dV of this thread's head-dim half (of D and of Dv) into acc_dk, acc_dv;
@@ -104,11 +107,8 @@ struct BwdMainloopSplitD {
     const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
     const bool has_softcap = kp.softcap_in_scale != 0.f;
     const float scale_log2 = kp.scale_log2;
-    // Deterministic: the dq block (head * num_m_blocks + m) whose reductions this warp has yet
-    // to announce, its arrival counter and this key block's turn there (bwd_dq_order.hpp).
+    // Deterministic: a dq block's (head * num_m_blocks + m) arrival counter (bwd_dq_order.hpp).
     constexpr bool kDeterministic = Traits::kDeterministic;
-    constexpr int kArrivals = Traits::kConsumerThreads / 32;
-    int owed = -1;
     auto dq_counter = [&](int block) {
       return kp.dq_semaphore + (std::int64_t(batch) * p.heads_q * num_m_blocks + block);
     };
@@ -144,10 +144,6 @@ struct BwdMainloopSplitD {
         if (head == head_kv * group && m == m_range.begin)
           BwdNonFinite<Traits>::wait_k_scanned(ss);
         const bool keys_zeroed = BwdNonFinite<Traits>::any_key_zeroed(ss);
-        if constexpr (kDeterministic) {
-          if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the previous block's reductions
-          owed = -1;
-        }
         // This thread's rows' statistics, copied with Q and dO into the ring stage (rows past
         // the sequence: lse_log2 = +inf, so P and dS are 0 there).
         float lse[kRows], dsum[kRows];
@@ -279,11 +275,9 @@ struct BwdMainloopSplitD {
         Tensor tdKrdSt_s = tdKrdSt(_, _, _, stage);
         wgmma<false>(mma_dk, tdKrdSt_s, tdKrQt(_, _, _, stage), acc_dk);
 
-        if constexpr (kDeterministic) {  // the turn's load overlaps dQ on the tensor cores
-          owed = head * num_m_blocks + m;
-          dq_wait_turn(dq_counter(owed),
-                       dq_add_rank(mask, m, kBlockM, n_block, kBlockN) * kArrivals);
-        }
+        if constexpr (kDeterministic)  // the turn's load overlaps dQ on the tensor cores
+          dq_wait_turn(dq_counter(head * num_m_blocks + m),
+                       dq_add_rank(mask, m, kBlockM, n_block, kBlockN));
         warpgroup_wait<2>();  // dQ done; dV and dK still running
         warpgroup_fence_operand(acc_dq);
         // Thread tid's element 4v + e at float 4 (v kConsumerThreads + tid) + e of the block
@@ -296,6 +290,7 @@ struct BwdMainloopSplitD {
           atomicAdd(dq + v * Traits::kConsumerThreads,
                     make_float4(acc_dq(4 * v), acc_dq(4 * v + 1), acc_dq(4 * v + 2),
                                 acc_dq(4 * v + 3)));
+        if constexpr (kDeterministic) dq_warp_added(&ss.dq_added);
         warpgroup_wait<1>();  // dV done: dO is free
         pipeline_do.consumer_release(state);
         warpgroup_wait<0>();  // dK done: Q is free
@@ -303,9 +298,22 @@ struct BwdMainloopSplitD {
         ++state;
       }
     }
-    if constexpr (kDeterministic) {
-      if (owed >= 0) dq_warp_arrive(dq_counter(owed));  // the last block's reductions
-    }
+  }
+
+  // Deterministic: the announcer, one thread of the producer warpgroup (bwd_dq_order.hpp),
+  // over the blocks in the consumers' order. m_range is non-empty.
+  __device__ void announce_dq(const BwdKernelParams& kp, int head_kv, int batch,
+                              BlockRange m_range, SharedStorage& ss) const {
+    static_assert(kDqAnnouncer);
+    const BackwardParams& p = kp.p;
+    const int group = p.heads_q / p.heads_kv;
+    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
+    dq_announce<kAddingWarps>(kp.dq_semaphore + std::int64_t(batch) * p.heads_q * num_m_blocks,
+                              &ss.dq_added, [&](auto&& arrive) {
+                                for (int head = head_kv * group; head < (head_kv + 1) * group; ++head)
+                                  for (int m = m_range.begin; m < m_range.end; ++m)
+                                    arrive(head * num_m_blocks + m);
+                              });
   }
 
  private:

@@ -182,6 +182,9 @@ struct BwdTraitsSplitD {
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) std::uint64_t kv_full;  // transaction barrier of the single K + V load
     BwdNonFiniteStorage<kStages> non_finite;  // the cut tiles' scan (bwd_non_finite.hpp)
+    // Deterministic only: the warps that have issued their dQ additions, counted for the
+    // announcer thread (bwd_dq_order.hpp). In the tail padding of the 1024-byte alignment.
+    unsigned dq_added;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
