@@ -37,6 +37,7 @@ namespace {
 // ---- device properties, queried once per device ----
 struct DeviceInfo {
   int major = 0, minor = 0, sm_count = 0;
+  std::int64_t l2_bytes = 0;
   std::string name;
 };
 
@@ -57,6 +58,7 @@ const DeviceInfo& device_info(int device) {
     info->major = prop.major;
     info->minor = prop.minor;
     info->sm_count = prop.multiProcessorCount;
+    info->l2_bytes = prop.l2CacheSize;
     info->name = prop.name;
     cache[device] = std::move(info);
   }
@@ -643,7 +645,8 @@ RunInfo run_backward(const Plan& plan, const BackwardParams& params, Stream stre
     const sm90::BwdKernel& kernel = sm90::kBwdKernels[plan.kernel_index];
     kp.num_n_blocks = sm90::bwd_num_n_blocks(params, kernel);
     kp.ticket_head_group =
-        sm90::bwd_ticket_head_group(params, kernel, device_info(params.device).sm_count);
+        sm90::bwd_ticket_head_group(params, kernel, device_info(params.device).sm_count,
+                                    device_info(params.device).l2_bytes);
     launch_on_device(params.device, [&] { kernel.entry(kp, cuda_stream); });
   } else {
     const sm80::BwdKernel& kernel = sm80::kBwdKernels[plan.kernel_index];

@@ -75,5 +75,30 @@ TEST(BwdTicketOrder, HeadGroupSpacesKeyBlocksByTwoBlocksOfTheGpu) {
   EXPECT_EQ(ticket_head_group(8, 8, 4, 0, 64, 132), 1);
 }
 
+TEST(BwdTicketOrder, HeadGroupKeepsThePairsWithinAThirdOfL2) {
+  constexpr std::int64_t kL2 = 50 << 20;  // an H100's
+  // A pair's Q, dO (2 bytes) and dq_accum (4 bytes) rows: 8 bytes per head dim element.
+  EXPECT_EQ(ticket_pair_bytes(8, 8, 16384, 256, 2), std::int64_t(16384) * 256 * 8);
+  EXPECT_EQ(ticket_pair_bytes(32, 8, 4096, 128, 2), std::int64_t(4) * 4096 * 128 * 8);
+  const auto group = [&](int hq, int hkv, int b, int n, int d) {
+    return ticket_head_group(hq, hkv, b, n, 64, 132, ticket_pair_bytes(hq, hkv, n, d, 2), kL2);
+  };
+  // d256, B 1, 8 heads, N 16k: 32 MB a pair; the lag rule's 2 -> 1.
+  EXPECT_EQ(group(8, 8, 1, 16384, 256), 1);
+  // N 8k, B 2: 16 MB; 3 -> 1. N 4k, B 4: 8 MB; 5 -> 2.
+  EXPECT_EQ(group(8, 8, 2, 8192, 256), 1);
+  EXPECT_EQ(group(8, 8, 4, 4096, 256), 2);
+  // d64, N 16k, 32 heads: 8 MB; the lag rule's 2 fits.
+  EXPECT_EQ(group(32, 32, 1, 16384, 64), 2);
+  // Short sequences: d128, N 1k, 1 MB a pair: 16 fit, the lag rule's ceil(264 / 16) = 17 -> 16;
+  // d64, N 512: 256 KB a pair, the lag rule's ceil(264 / 8) = 33 stays.
+  EXPECT_EQ(group(16, 16, 16, 1024, 128), 16);
+  EXPECT_EQ(group(16, 16, 32, 512, 64), 33);
+  // A pair larger than the share: still one pair at a time. No L2 size known: no cap.
+  EXPECT_EQ(group(8, 8, 1, 65536, 256), 1);
+  EXPECT_EQ(ticket_head_group(8, 8, 4, 4096, 64, 132, ticket_pair_bytes(8, 8, 4096, 256, 2), 0),
+            5);
+}
+
 }  // namespace
 }  // namespace flashcpp::detail::cuda::sm90

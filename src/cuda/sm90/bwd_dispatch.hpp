@@ -87,10 +87,13 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
 }
 
 // The (kv head, batch) pairs the deterministic kernel's tickets interleave
-// (bwd_tile_scheduler.hpp).
-inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count) {
-  return ticket_head_group(p.heads_q, p.heads_kv, p.batch, p.seqlen_q, bwd_tile_of(k).block_m,
-                           sm_count);
+// (bwd_tile_scheduler.hpp); the backward's elements are fp16 or bf16.
+inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count,
+                                 std::int64_t l2_bytes) {
+  return ticket_head_group(
+      p.heads_q, p.heads_kv, p.batch, p.seqlen_q, bwd_tile_of(k).block_m, sm_count,
+      ticket_pair_bytes(p.heads_q, p.heads_kv, p.seqlen_q, p.head_dim, /*element_bytes=*/2),
+      l2_bytes);
 }
 
 // RunInfo::kernel, e.g. "sm90_bwd_bf16_hdim128_64x128_s2_ws" ("..._hdim192x128_..." for D 192,

@@ -52,17 +52,36 @@ FLASHCPP_HOST_DEVICE BwdTileCoord ordered_key_block_tile(int num_n_blocks, int h
 // (Hq / Hkv) x query blocks. Spacing the key blocks of a pair by kTicketLagBlocks blocks'
 // worth of tickets lets each start when the one above already has that head start, instead of
 // waiting for it. Long sequences give that spacing with one pair (group 1: the default
-// kernel's order); short ones interleave a few pairs, whose Q and dO (about kTicketLagBlocks x
-// sm_count query blocks) still fit in L2.
+// kernel's order); short ones interleave a few pairs.
+// The interleaved pairs' Q, dO and dq_accum rows (pair_bytes each) must also stay within a
+// third of L2 (l2_bytes; 0: not known, no cap): on an H100 (50 MB) with causal masks, d256,
+// B 1, 8 heads, N 16k (32 MB a pair), groups of 1 / 2 / 4 / 8 took 1.14 / 1.45 / 2.08 / 2.58x
+// the default kernel's time, and N 8k (16 MB a pair) 1.16 / 1.17 / 1.35 (group 3) / 2.00 (6);
+// with no mask the capped groups measured within 1.5% of the uncapped ones (d128 and d256,
+// N 4k-16k; docs/performance.md).
 inline constexpr int kTicketLagBlocks = 2;
+inline constexpr int kTicketL2Share = 3;
 inline int ticket_head_group(int heads_q, int heads_kv, int batch, int seqlen_q, int block_m,
-                             int sm_count) {
+                             int sm_count, std::int64_t pair_bytes = 0,
+                             std::int64_t l2_bytes = 0) {
   const std::int64_t walk =
       std::int64_t(heads_q / heads_kv) * ((std::int64_t(seqlen_q) + block_m - 1) / block_m);
   const std::int64_t pairs = std::int64_t(heads_kv) * batch;
   if (walk <= 0 || pairs <= 1) return 1;
-  const std::int64_t group = (std::int64_t(kTicketLagBlocks) * sm_count + walk - 1) / walk;
+  std::int64_t group = (std::int64_t(kTicketLagBlocks) * sm_count + walk - 1) / walk;
+  if (pair_bytes > 0 && l2_bytes > 0) {
+    const std::int64_t fit = l2_bytes / kTicketL2Share / pair_bytes;
+    if (fit < group) group = fit;
+  }
   return int(group < 1 ? 1 : group < pairs ? group : pairs);
+}
+
+// The bytes of one (kv head, batch) pair that the deterministic kernel's CTAs stream: Q and dO
+// (Element) and the fp32 dq_accum rows of its (Hq / Hkv) query heads.
+inline std::int64_t ticket_pair_bytes(int heads_q, int heads_kv, int seqlen_q, int head_dim,
+                                      int element_bytes) {
+  return std::int64_t(heads_q / heads_kv) * seqlen_q * head_dim *
+         (2 * std::int64_t(element_bytes) + std::int64_t(sizeof(float)));
 }
 
 #if defined(__CUDACC__)
