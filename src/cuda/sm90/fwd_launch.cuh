@@ -50,24 +50,21 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
     constexpr int kWide = Traits::kPageBoxRowsWide;
     const auto k_pool = gmem_view(k, pg.page_size, p.head_dim, p.heads_kv, pg.num_pages, p.k_stride);
     const auto v_pool = gmem_view(v, pg.page_size, p.head_dim_v, p.heads_kv, pg.num_pages, p.v_stride);
-    params.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
-                                 take<0, 2>(typename Traits::template SmemLayoutKBoxes<kBox>{}),
-                                 Shape<Int<kBox>, Int<kHeadDim>>{}, _1{});
-    params.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
-                                 take<0, 2>(typename Traits::template SmemLayoutVBoxes<kBox>{}),
-                                 Shape<Int<kBox>, Int<kHeadDimV>>{}, _1{});
-    params.tma_k_wide = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
-                                      take<0, 2>(typename Traits::template SmemLayoutKBoxes<kWide>{}),
-                                      Shape<Int<kWide>, Int<kHeadDim>>{}, _1{});
-    params.tma_v_wide = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
-                                      take<0, 2>(typename Traits::template SmemLayoutVBoxes<kWide>{}),
-                                      Shape<Int<kWide>, Int<kHeadDimV>>{}, _1{});
-    params.tma_k_whole = make_tma_copy(SM90_TMA_LOAD{}, k_pool,
-                                       take<0, 2>(typename Traits::SmemLayoutK{}),
-                                       Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
-    params.tma_v_whole = make_tma_copy(SM90_TMA_LOAD{}, v_pool,
-                                       take<0, 2>(typename Traits::SmemLayoutV{}),
-                                       Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{}, _1{});
+    // Loads of `rows` pool rows into the first two modes of a shared layout.
+    auto k_load = [&](auto smem_layout, auto rows) {
+      return make_tma_copy(SM90_TMA_LOAD{}, k_pool, take<0, 2>(smem_layout),
+                           Shape<decltype(rows), Int<kHeadDim>>{}, _1{});
+    };
+    auto v_load = [&](auto smem_layout, auto rows) {
+      return make_tma_copy(SM90_TMA_LOAD{}, v_pool, take<0, 2>(smem_layout),
+                           Shape<decltype(rows), Int<kHeadDimV>>{}, _1{});
+    };
+    params.tma_k = k_load(typename Traits::template SmemLayoutKBoxes<kBox>{}, Int<kBox>{});
+    params.tma_v = v_load(typename Traits::template SmemLayoutVBoxes<kBox>{}, Int<kBox>{});
+    params.tma_k_wide = k_load(typename Traits::template SmemLayoutKBoxes<kWide>{}, Int<kWide>{});
+    params.tma_v_wide = v_load(typename Traits::template SmemLayoutVBoxes<kWide>{}, Int<kWide>{});
+    params.tma_k_whole = k_load(typename Traits::SmemLayoutK{}, Int<Traits::kBlockN>{});
+    params.tma_v_whole = v_load(typename Traits::SmemLayoutV{}, Int<Traits::kBlockN>{});
   } else if constexpr (Traits::kFp8) {
     params.tma_k = make_tma_copy(
         SM90_TMA_LOAD{}, gmem_view(k, tma_rows_k(p), p.head_dim, p.heads_kv, tma_batches(p), p.k_stride),
