@@ -77,7 +77,9 @@ inline int ticket_head_group(int heads_q, int heads_kv, int batch, int seqlen_q,
 }
 
 // The bytes of one (kv head, batch) pair that the deterministic kernel's CTAs stream: Q and dO
-// (Element) and the fp32 dq_accum rows of its (Hq / Hkv) query heads.
+// (Element) and the fp32 dq_accum rows of its (Hq / Hkv) query heads. An estimate for the cap
+// above: it takes dO and dq_accum as head_dim wide (the deterministic kernels have D = Dv;
+// dq_accum's padding to the kernel's head dim is left out) and varlen's longest sequence.
 inline std::int64_t ticket_pair_bytes(int heads_q, int heads_kv, int seqlen_q, int head_dim,
                                       int element_bytes) {
   return std::int64_t(heads_q / heads_kv) * seqlen_q * head_dim *

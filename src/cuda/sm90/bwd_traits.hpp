@@ -194,8 +194,9 @@ struct BwdTraits {
     // padding of the 1024-byte alignment, so the storage's size does not change.
     alignas(8) std::uint64_t dq_full[kStages];
     alignas(8) std::uint64_t dq_empty[kStages];
-    // Deterministic d64 only: the warps that have issued their dQ additions, counted for the
-    // announcer thread (bwd_dq_order.hpp). In the tail padding too.
+    // Read by the deterministic d64 kernel only (zeroed in every one): the warps that have
+    // issued their dQ additions, counted for the announcer thread (bwd_dq_order.hpp). In the
+    // tail padding too.
     unsigned dq_added;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
