@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "common/mask.hpp"
+#include "cuda/common/bwd_kernel_params.hpp"
 
 namespace flashcpp::detail::cuda::sm90 {
 
@@ -124,29 +125,41 @@ __device__ __forceinline__ void dq_warp_added(unsigned* added) {
                  : "memory");
 }
 
-// The announcer: for the i-th block of the CTA's walk (i = 1, 2, ...), waits until kAddingWarps
-// x i warps have counted themselves in `added` (CTA-scope acquire), then arrives on the block's
-// counter with a gpu-scope release. Release is cumulative, so the arrival orders every warp's
-// atomics that the acquire observed, and the release's wait for them to complete falls on this
-// thread instead of on the consumers. `walk(f)` calls f(block) for the blocks in the
-// consumers' order (block = head * num_m_blocks + m, the counter's index). One thread.
-template <int kAddingWarps, class Walk>
-__device__ __forceinline__ void dq_announce(int* counters, const unsigned* added, Walk&& walk) {
+// The announcer: for the i-th block of the CTA's walk (i = 1, 2, ...: every query head of the
+// kv head's group, every query block of m_range, the consumers' order), waits until
+// kAddingWarps x i warps have counted themselves in `added` (CTA-scope acquire), then arrives
+// on the block's counter with a gpu-scope release. Release is cumulative, so the arrival orders
+// every warp's atomics that the acquire observed, and the release's wait for them to complete
+// falls on this thread instead of on the consumers. One thread; m_range is non-empty.
+template <int kAddingWarps, int kBlockM>
+__device__ __forceinline__ void dq_announce(const BwdKernelParams& kp, int head_kv, int batch,
+                                            BlockRange m_range, const unsigned* added) {
+  const BackwardParams& p = kp.p;
+  const int group = p.heads_q / p.heads_kv;
+  const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
+  // The counters of this batch's blocks, named head * num_m_blocks + m.
+  int* const counters = kp.dq_semaphore + std::int64_t(batch) * p.heads_q * num_m_blocks;
   const unsigned added_address = dq_smem_address(added);
   unsigned target = 0;
-  walk([&](int block) {
-    target += kAddingWarps;
-    unsigned seen;
-    for (;;) {
-      asm volatile("ld.relaxed.cta.shared::cta.u32 %0, [%1];" : "=r"(seen) : "r"(added_address)
+  for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
+    for (int m = m_range.begin; m < m_range.end; ++m) {
+      target += kAddingWarps;
+      unsigned seen;
+      for (;;) {
+        asm volatile("ld.relaxed.cta.shared::cta.u32 %0, [%1];"
+                     : "=r"(seen)
+                     : "r"(added_address)
+                     : "memory");
+        if (seen >= target) break;
+        __nanosleep(32);  // one thread: keep its polls off the consumers' issue slots
+      }
+      asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
+                   : "=r"(seen)
+                   : "r"(added_address)
                    : "memory");
-      if (seen >= target) break;
-      __nanosleep(32);  // one thread: keep its polls off the consumers' issue slots
+      dq_arrive(counters + head * num_m_blocks + m);
     }
-    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(seen) : "r"(added_address)
-                 : "memory");
-    dq_arrive(counters + block);
-  });
+  }
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -305,15 +305,7 @@ struct BwdMainloopSplitD {
   __device__ void announce_dq(const BwdKernelParams& kp, int head_kv, int batch,
                               BlockRange m_range, SharedStorage& ss) const {
     static_assert(kDqAnnouncer);
-    const BackwardParams& p = kp.p;
-    const int group = p.heads_q / p.heads_kv;
-    const int num_m_blocks = int((std::int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
-    dq_announce<kAddingWarps>(kp.dq_semaphore + std::int64_t(batch) * p.heads_q * num_m_blocks,
-                              &ss.dq_added, [&](auto&& arrive) {
-                                for (int head = head_kv * group; head < (head_kv + 1) * group; ++head)
-                                  for (int m = m_range.begin; m < m_range.end; ++m)
-                                    arrive(head * num_m_blocks + m);
-                              });
+    dq_announce<kAddingWarps, kBlockM>(kp, head_kv, batch, m_range, &ss.dq_added);
   }
 
  private:
