@@ -11,6 +11,7 @@
 // post-pass and the epilogue read and write in element pairs).
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -86,10 +87,24 @@ inline int bwd_num_n_blocks(const ForwardParams& p, const BwdKernel& k) {
   return int((std::int64_t(p.seqlen_k) + block_n - 1) / block_n);
 }
 
+// FLASHCPP_SM90_BWD_TICKET_GROUP=G (read once; G >= 1) replaces the rule below, for tuning it.
+// The bits of dq do not depend on the group: it orders the CTAs' start, not the additions.
+inline int bwd_ticket_group_from_env() {
+  static const int group = [] {
+    const char* v = std::getenv("FLASHCPP_SM90_BWD_TICKET_GROUP");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  return group;
+}
+
 // The (kv head, batch) pairs the deterministic kernel's tickets interleave
 // (bwd_tile_scheduler.hpp); the backward's elements are fp16 or bf16.
 inline int bwd_ticket_head_group(const ForwardParams& p, const BwdKernel& k, int sm_count,
                                  std::int64_t l2_bytes) {
+  if (const int forced = bwd_ticket_group_from_env(); forced >= 1) {
+    const std::int64_t pairs = std::int64_t(p.heads_kv) * p.batch;
+    return int(forced < pairs ? forced : pairs);
+  }
   return ticket_head_group(
       p.heads_q, p.heads_kv, p.batch, p.seqlen_q, bwd_tile_of(k).block_m, sm_count,
       ticket_pair_bytes(p.heads_q, p.heads_kv, p.seqlen_q, p.head_dim, /*element_bytes=*/2),
