@@ -87,15 +87,17 @@ function(flashcpp_sm90_fwd_tile_switches kind what)  # kind: FWD or FP8
 endfunction()
 flashcpp_sm90_fwd_tile_switches(FWD "fp16/bf16")
 flashcpp_sm90_fwd_tile_switches(FP8 "FP8")
-# Two more sm90a forward A/B switches, head dims from which a code variant applies (empty:
-# the default, 256 for both; 512: never), written to the same header (fwd_traits.hpp says what
+# More sm90a forward A/B switches, head dims from which a code variant applies (empty: the
+# default of fwd_traits.hpp; 512: never), written to the same header (fwd_traits.hpp says what
 # they do):
 #  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
 #  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
-#                                         buffer fits (d256).
-foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q)
+#                                         buffer fits (d256);
+#  FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM   O stored with TMA through the last key block's K and
+#                                         V stages where no O buffer fits (before the Q alias).
+foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q O_IN_RING)
   set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
-  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default, 256; 512: never)")
+  set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default; 512: never)")
   if(NOT ${_var} STREQUAL "")
     if(NOT ${_var} MATCHES "^[0-9]+$")
       message(FATAL_ERROR "flashcpp: ${_var} '${${_var}}' (expected a head dim, e.g. 256)")

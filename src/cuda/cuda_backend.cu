@@ -188,7 +188,8 @@ Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   plan.kernel_index = int(&k - sm90::kFwdKernels);
   plan.splits_optional = p.num_splits <= 0;
   plan.num_splits = fp8 ? 1 : plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
-  plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1);
+  plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1, false,
+                                      sm90::fwd_runs_short_tile(k, p, plan.num_splits, false));
   plan.workspace_bytes = fp8_vt_workspace_bytes(p) + split_workspace_bytes(p, plan.num_splits) +
                          (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
@@ -265,6 +266,8 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   kp.num_splits = splits;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
   kp.paged = paged;
+  const bool is_paged = paged.block_table != nullptr;
+  kp.short_tile = sm90::fwd_runs_short_tile(kernel, params, splits, is_paged);
   const std::size_t split_bytes = split_workspace_bytes(params, splits);
   if (splits > 1) {
     kp.o_accum = static_cast<float*>(workspace.data);
@@ -279,7 +282,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm90,
-          sm90::fwd_kernel_name(kernel, splits > 1, paged.block_table != nullptr), splits};
+          sm90::fwd_kernel_name(kernel, splits > 1, is_paged, kp.short_tile), splits};
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,

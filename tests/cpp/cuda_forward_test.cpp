@@ -483,6 +483,36 @@ TEST_P(CudaForwardSm90, PersistentCtasWalkManyTiles) {
   }
 }
 
+// d256 padded calls with few keys run the 64-key short-call tile, the others the standard one
+// (sm90_fwd_short_call: up to 1024 keys under a mask, 512 without), both correct on both sides
+// of each bound, with a query tile that sees no key and a ragged last key block.
+TEST_P(CudaForwardSm90, ShortCallTileAtD256) {
+  struct Row {
+    int nq, nk;
+    bool causal;
+    bool short_tile;
+  };
+  for (const Row& row : {Row{512, 512, false, true}, Row{513, 513, false, false},
+                         Row{1024, 1024, true, true}, Row{1025, 1025, true, false},
+                         Row{700, 300, true, true}, Row{77, 1030, false, false}}) {
+    SCOPED_TRACE("nq " + std::to_string(row.nq) + " nk " + std::to_string(row.nk) +
+                 (row.causal ? " causal" : ""));
+    FwdCase c = base();
+    c.D = 256;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Nq = row.nq;
+    c.Nk = row.nk;
+    c.causal = row.causal;
+    c.num_splits = 1;
+    const FwdResult r = check(c);
+    if (r.not_built) GTEST_SKIP() << "no sm90a d256 forward in this build";
+    const std::string kernel = r.info.kernel;
+    if (kernel.find("_hdim256_") == std::string::npos) GTEST_SKIP() << kernel << " ran";
+    EXPECT_EQ(kernel.find("_128x64_") != std::string::npos, row.short_tile) << kernel;
+  }
+}
+
 // A mode of extent 1 is never stepped, so its stride may be anything (here an odd batch
 // stride of a single-batch view, which no TMA descriptor could hold): the call still runs on
 // sm90 and matches the contiguous views bit for bit.

@@ -132,6 +132,15 @@ inline bool fwd_covers_paged(const ForwardParams& p, const PagedKV& paged) {
          tma_compatible(p.v, p.v_stride, paged.page_size, p.heads_kv, paged.num_pages);
 }
 
+// Whether the call runs the instantiation's short-call key block (fwd_tile_table.hpp): fp16 or
+// bf16, padded, unsplit, no KV cache.
+inline bool fwd_runs_short_tile(const FwdKernel& k, const ForwardParams& p, int splits,
+                                bool paged) {
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  return k.dtype != ElementType::fp8_e4m3 && !p.is_varlen() && splits <= 1 && !paged &&
+         p.seqused_k == nullptr && sm90_fwd_short_call(fwd_tile_of(k), masked, p.seqlen_k);
+}
+
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
   const int block_m = fwd_tile_of(k).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
@@ -139,9 +148,11 @@ inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
 // "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache; FP8 with
-// P V chunks "sm90_fwd_fp8_e4m3_hdim256_128x96_s2_pv32x2_ws": chunk width x temporaries).
-inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false) {
-  const Sm90FwdTile t = fwd_tile_of(k);
+// P V chunks "sm90_fwd_fp8_e4m3_hdim256_128x96_s2_pv32x2_ws": chunk width x temporaries;
+// the short-call tile "sm90_fwd_bf16_hdim256_128x64_s2_ws").
+inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false,
+                                   bool short_tile = false) {
+  const Sm90FwdTile t = short_tile ? sm90_fwd_short_tile(fwd_tile_of(k)) : fwd_tile_of(k);
   const std::string pv_chunks =
       t.pv_chunk > 0 ? "_pv" + std::to_string(t.pv_chunk) + "x" +
                            std::to_string(std::min(t.pv_temps, t.head_dim_v / t.pv_chunk))

@@ -8,8 +8,11 @@
 //    issues the bulk store; the descriptor's real extents clip rows past the sequence and
 //    columns past the real head dim. The store runs while the warpgroup starts its next tile;
 //    the buffer is rewritten only after that store has finished reading it;
-//  - or from registers (d256, where shared memory has no room for O, and varlen rows that
-//    reach past the sequence's end): two neighbouring
+//    O is staged in its own buffer, in Q's (Traits::kOAliasQ) or in the last key block's K
+//    and V stages (Traits::kOInRing: warpgroup 0's half in K's, 1's in V's), where the
+//    main loop left those stages held for it;
+//  - or from registers (varlen d256 and 192 x 128, where shared memory has no room for O,
+//    and varlen rows that reach past the sequence's end): two neighbouring
 //    columns per 4-byte store, predicated on the row and column bounds.
 // Split-KV instantiations (kSplit) store the split's normalised O in float32 and its lse into
 // the workspace instead, for the combine kernel (split_kv_combine.hpp).
@@ -46,41 +49,47 @@ struct FwdEpilogue {
   }
 
   // `has_work`: the tile had a visible key, so the main loop loaded its Q (with O aliasing Q,
-  // the epilogue then releases Q's buffer to the producer).
+  // the epilogue then releases Q's buffer to the producer) and, with O in the ring
+  // (Traits::kOInRing), left the K and V stages `last_stage` of its last key block held
+  // (mma's result), which the epilogue gives back.
   template <class AccO, int kRows>
   __device__ void operator()(const FwdParams<Traits>& params, const SeqlenInfo& seq,
                              const TileCoord& tile, bool has_work, AccO const& acc_o,
-                             const float (&lse)[kRows], SharedStorage& ss, int tid) const {
+                             const float (&lse)[kRows], SharedStorage& ss, int tid,
+                             int last_stage) const {
     // An opaque copy of tid: otherwise the compiler hoists this thread's O addresses out of
     // the persistent tile loop and keeps them live (spilled) across the main loop.
     asm volatile("mov.b32 %0, %0;" : "+r"(tid));
     if constexpr (kSplit) {
       if constexpr (Traits::kOAliasQ)
         if (has_work) release_q(ss);
+      if constexpr (Traits::kOInRing)
+        if (has_work) release_stages(ss, last_stage);
       store_partial(params.kp, seq, tile, acc_o, lse, tid);
       return;
     }
     store_lse(params.kp, seq, tile, lse, tid);
-    if constexpr (Traits::kOAliasQ) {
-      // A tile without work loaded no Q: its buffer may already hold the next tile's Q, so
-      // its zeros go from registers.
+    if constexpr (Traits::kOAliasQ || Traits::kOInRing) {
+      // A tile without work loaded no Q and holds no stages: Q's buffer and the ring may
+      // already hold the next tile's blocks, so its zeros go from registers.
       if (!has_work) {
         store_o_registers(params.kp, seq, tile, acc_o, tid);
         return;
       }
-      // O overwrites Q only once both warpgroups' last S = Q K^T have completed.
+      // O overwrites Q (the last K and V stages) only once both warpgroups' last S = Q K^T
+      // (and last P V) have completed.
       named_barrier_sync(NamedBarrier::kFwdQRead, 256);
-      store_o_tma(params, seq, tile, acc_o, ss, tid);
+      store_o_tma(params, seq, tile, acc_o, ss, tid, last_stage);
       return;
     }
     // Varlen: a warpgroup whose 64 rows run past the sequence's end stores from registers; a
     // TMA store would write those rows into the next sequence's (only the packed tensor's end
     // clips).
     if constexpr (Traits::kTmaStoreO && !Traits::kVarlen) {
-      store_o_tma(params, seq, tile, acc_o, ss, tid);
+      store_o_tma(params, seq, tile, acc_o, ss, tid, last_stage);
     } else if constexpr (Traits::kTmaStoreO) {
       if (seq.seqlen_q - tile.m_block * kBlockM - tid / 128 * 64 >= 64)
-        store_o_tma(params, seq, tile, acc_o, ss, tid);
+        store_o_tma(params, seq, tile, acc_o, ss, tid, last_stage);
       else
         store_o_registers(params.kp, seq, tile, acc_o, tid);
     } else {
@@ -115,17 +124,21 @@ struct FwdEpilogue {
   template <class AccO>
   __device__ static void store_o_tma(const FwdParams<Traits>& params, const SeqlenInfo& seq,
                                      const TileCoord& tile, AccO const& acc_o,
-                                     SharedStorage& ss, int tid) {
+                                     SharedStorage& ss, int tid, int last_stage) {
     const ForwardParams& p = params.kp.p;
     const int wg = tid / 128;
     const bool leader = tid % 128 == 0;
     const NamedBarrier bar = wg == 0 ? NamedBarrier::kEpilogue0 : NamedBarrier::kEpilogue1;
-    Tensor sO = make_tensor(make_smem_ptr(o_buffer(ss)), typename Traits::SmemLayoutO{});
-    Tensor sO_wg = sO(_, _, wg);  // (64, Dv): this warpgroup's half
+    // (64, Dv): this warpgroup's half.
+    Tensor sO_wg = make_tensor(make_smem_ptr(o_half(ss, wg, last_stage)),
+                               typename Traits::SmemLayoutOHalf{});
 
-    // The previous tile's store from this half must have finished reading it.
-    if (leader) tma_store_wait<0>();
-    named_barrier_sync(bar, 128);
+    // The previous tile's store from this half must have finished reading it (in the ring
+    // every store has been waited for before its stage went back).
+    if constexpr (!Traits::kOInRing) {
+      if (leader) tma_store_wait<0>();
+      named_barrier_sync(bar, 128);
+    }
 
     Tensor rO = convert_fragment<Element>(acc_o);
     Tensor rO_rc = make_tensor(rO.data(), wgmma_acc_rowcol(rO.layout()));
@@ -154,21 +167,39 @@ struct FwdEpilogue {
                                                                   int(seq.batch_q)));
       Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (64, Dv, m)
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{},
-                                        group_modes<0, 2>(sO), group_modes<0, 2>(gO));
-      copy(params.tma_o, tOsO(_, wg), tOgO(_, tile.m_block * (kBlockM / 64) + wg));
+                                        group_modes<0, 2>(sO_wg), group_modes<0, 2>(gO));
+      copy(params.tma_o, tOsO, tOgO(_, tile.m_block * (kBlockM / 64) + wg));
       tma_store_arrive();
-      // O in Q's buffer: the buffer is free for the next Q once the store has read it.
-      if constexpr (Traits::kOAliasQ) tma_store_wait<0>();
+      // O in Q's buffer or in the ring: the buffer is free for the next loads once the
+      // store has read it (the leader's arrival completes the release of every thread).
+      if constexpr (Traits::kOAliasQ || Traits::kOInRing) tma_store_wait<0>();
     }
     if constexpr (Traits::kOAliasQ) release_q(ss);
+    if constexpr (Traits::kOInRing) release_stages(ss, last_stage);
   }
 
-  // The O staging buffer: its own, or Q's (Traits::kOAliasQ).
-  __device__ static Element* o_buffer(SharedStorage& ss) {
-    if constexpr (Traits::kOAliasQ)
-      return reinterpret_cast<Element*>(ss.q.data());
-    else
-      return ss.o.o.data();
+  // Warpgroup wg's 64 x Dv staging half of O: in the O buffer, in Q's buffer
+  // (Traits::kOAliasQ), or in ring stage `stage` of K (warpgroup 0) or V (warpgroup 1)
+  // (Traits::kOInRing; each stage starts at a multiple of 1024 bytes, the swizzle period).
+  __device__ static Element* o_half(SharedStorage& ss, int wg, int stage) {
+    constexpr int kHalf = Traits::kOHalfBytes / int(sizeof(Element));
+    if constexpr (Traits::kOInRing) {
+      using Input = typename Traits::Element;
+      Input* base = wg == 0 ? ss.k.data() + stage * (Traits::kKStageBytes / sizeof(Input))
+                            : ss.v.data() + stage * (Traits::kVStageBytes / sizeof(Input));
+      return reinterpret_cast<Element*>(base);
+    } else if constexpr (Traits::kOAliasQ) {
+      return reinterpret_cast<Element*>(ss.q.data()) + wg * kHalf;
+    } else {
+      return ss.o.o.data() + wg * kHalf;
+    }
+  }
+
+  // With O in the ring: this thread is done with the K and V stages `stage` (the pipelines'
+  // consumer release: every consumer thread arrives on the stage's empty barrier).
+  __device__ static void release_stages(SharedStorage& ss, int stage) {
+    ss.pipeline_k.empty_barrier_[stage].arrive();
+    ss.pipeline_v.empty_barrier_[stage].arrive();
   }
 
   // With O aliasing Q: this thread is done with Q's buffer (the producer waits for all

@@ -182,10 +182,14 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
       Softmax<kRows> softmax;
       // A tile with no visible key stores O = 0 and lse = -inf (the empty softmax's result).
+      // The ring stage of the tile's last key block: where O goes through where
+      // Traits::kOInRing.
+      int last_stage = 0;
       if (w.has_work()) {
         const BlockRange unmasked = w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN);
-        mainloop.mma(kp, w.seq, w.mask, w.tile.m_block, w.tile.head, w.tile.batch, w.range,
-                     unmasked, work, state, pipeline_k, pipeline_v, ss, tid, acc_o, softmax);
+        last_stage = mainloop.mma(kp, w.seq, w.mask, w.tile.m_block, w.tile.head, w.tile.batch,
+                                  w.range, unmasked, work, state, pipeline_k, pipeline_v, ss, tid,
+                                  acc_o, softmax);
         ++work;
       }
       float lse[kRows];
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       } else {
         softmax.finalize(o_rc, kp.lse_scale, lse);
       }
-      epilogue(params, w.seq, w.tile, w.has_work(), acc_o, lse, ss, tid);
+      epilogue(params, w.seq, w.tile, w.has_work(), acc_o, lse, ss, tid, last_stage);
     }
     Mainloop::pingpong_finish(tid);
     epilogue.drain(tid);

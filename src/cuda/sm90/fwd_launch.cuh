@@ -154,6 +154,12 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
         launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
     } else if (split) {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
+    } else if (kp.short_tile) {
+      if constexpr (sm90_fwd_tile(kHeadDim, kHeadDimV).short_block_n > 0)
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, true>, false>(kp,
+                                                                                      stream);
+      else
+        throw Error("sm90 forward: no short-call tile for this head dim (planner error)");
     } else {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
     }

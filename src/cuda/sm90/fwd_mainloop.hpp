@@ -181,9 +181,11 @@ struct FwdMainloop {
   // unnormalised O in acc_o (cleared by the caller) and the row statistics in softmax; range
   // is non-empty. `work` and the ring position `state` carry over from tile to tile as in
   // load(); within the tile the K and V positions part (S of block n runs ahead of P V of
-  // block n + 1) and meet again at its end.
+  // block n + 1) and meet again at its end. Returns the ring stage of the tile's last key
+  // block: with Traits::kOInRing its K and V stages are still held (the epilogue stages O in
+  // them and releases them).
   template <class AccO, class SoftmaxT>
-  __device__ void mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
+  __device__ int mma(const FwdKernelParams& kp, const SeqlenInfo& seq, const WindowMask& mask,
                       int m_block, int head, int batch, BlockRange range, BlockRange unmasked,
                       int work,
                       PipelineState& state, Pipeline& pipeline_k, Pipeline& pipeline_v,
@@ -305,6 +307,12 @@ struct FwdMainloop {
       pipeline_v.consumer_release(v_state);
       ++v_state;
     };
+    // K of block n is done with once S_n has completed; the last block's stage stays with the
+    // consumers when O goes through the ring.
+    auto release_k = [&](int n) {
+      if (!(Traits::kOInRing && n == range.begin)) pipeline_k.consumer_release(k_state);
+      ++k_state;
+    };
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.q_full, work & 1);
 
     // ---- first block: S, softmax, P (nothing to overlap with yet) ----
@@ -332,8 +340,7 @@ struct FwdMainloop {
     qk(k_state.index());
     turn_end();
     warpgroup_wait<0>();
-    pipeline_k.consumer_release(k_state);
-    ++k_state;
+    release_k(n);
     score_mod(acc_s, n);
     softmax.step(s_rc, scale_log2, o_scale);
     Tensor p_regs = first_p(acc_s, mma_pv);
@@ -382,8 +389,7 @@ struct FwdMainloop {
       pv_start(tOrP, v_state.index());
       turn_end();
       warpgroup_wait<kPvGroups>();  // S_n done; P V still running
-      pipeline_k.consumer_release(k_state);
-      ++k_state;
+      release_k(n);
       score_mod(acc_s, n);
       softmax.step(s_rc, scale_log2, o_scale);
       if constexpr (Traits::kScanV && !Traits::kFp8) {
@@ -433,10 +439,14 @@ struct FwdMainloop {
     // The last block's rows that see a flagged key are NaN once its P V is in O (read before
     // the stage, and its flag, are released).
     bool flagged = false;  // FP8: a cut block of the tile had a NaN key
+    const int last = v_state.index();
     pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, [&] {
       nan_rows_seeing_flagged_keys(range.begin);
       if constexpr (Traits::kFp8) flagged = NonFiniteV::tile_flagged(ss, work);
-      release_v();
+      if constexpr (Traits::kOInRing)
+        ++v_state;  // held for O (the epilogue releases it)
+      else
+        release_v();
     });
     if constexpr (Traits::kFp8) {
       if (flagged) {
@@ -449,6 +459,7 @@ struct FwdMainloop {
       }
     }
     state = v_state;  // == k_state: every block's K and V consumed
+    return last;
   }
 
  private:

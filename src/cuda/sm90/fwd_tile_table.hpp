@@ -36,6 +36,9 @@ struct Sm90FwdTile {
   // along the whole row (what the fp16/bf16 rows do: their tensor cores add in fp32).
   int pv_chunk = 0;
   int pv_temps = 0;  // FP8 with pv_chunk: chunk temporaries in flight (1 or 2)
+  // A second key block for short calls (sm90_fwd_short_call), 0: none. A separate
+  // instantiation of the padded, unsplit kernel.
+  int short_block_n = 0;
 };
 
 // The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
@@ -62,12 +65,34 @@ struct Sm90FwdTile {
 #ifndef FLASHCPP_SM90_FWD_D256_STAGES
 #define FLASHCPP_SM90_FWD_D256_STAGES 2
 #endif
+// d256 has a second key block of 64 for short calls: at N = 512 the 80-key blocks compute
+// 560 keys (and 18 diagonal-crossing blocks for 4 causal query tiles where 64-key blocks
+// have 20 of 64 keys: 1280 key columns instead of 1440). H100, bf16, 16k tokens: 64-key
+// blocks took 0.85-0.93x the time causal at N 512-1k and 0.98x non-causal at 512, but
+// 1.02-1.09x from 2k (docs/design/sm90-kernels.md). 0 turns it off (an A/B build:
+// -DFLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N=0 in CMAKE_CUDA_FLAGS).
+#ifndef FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N
+#define FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N 64
+#endif
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
     {64, 64, 128, FLASHCPP_SM90_FWD_D64_BLOCK_N, FLASHCPP_SM90_FWD_D64_STAGES},
     {128, 128, 128, FLASHCPP_SM90_FWD_D128_BLOCK_N, FLASHCPP_SM90_FWD_D128_STAGES},
-    {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES},
+    {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES, 0, 0,
+     FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N},
     {192, 128, 128, 128, 2},
 };
+
+// Whether a padded, unsplit call runs its row's short-call key block: a row that has one, and
+// at most 1024 keys under a mask (causal, window) or 512 without (where the measured gain
+// ends).
+constexpr bool sm90_fwd_short_call(Sm90FwdTile t, bool masked, int seqlen_k) {
+  return t.short_block_n > 0 && seqlen_k <= (masked ? 1024 : 512);
+}
+// The row with its short-call key block in place of the standard one.
+constexpr Sm90FwdTile sm90_fwd_short_tile(Sm90FwdTile t) {
+  t.block_n = t.short_block_n;
+  return t;
+}
 
 // The tile of the instantiation that serves a call of head dims (head_dim, head_dim_v)
 // (tile_for_head_dims.hpp); {0,...} when none covers the call.
@@ -151,6 +176,7 @@ constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(64), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_short_tile(sm90_fwd_tile(256)), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(128, 128), 1) <= 227 * 1024);

@@ -33,8 +33,10 @@ using namespace cute;
 // kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
 // arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
 // the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
+// kShort_: the padded, unsplit instantiation of the row's short-call key block
+// (sm90_fwd_short_call, fwd_tile_table.hpp).
 template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
-          bool kPaged_ = false>
+          bool kPaged_ = false, bool kShort_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr bool kFp8 = std::is_same_v<Element, cutlass::float_e4m3_t>;
@@ -43,8 +45,11 @@ struct FwdTraits {
   static constexpr bool kPaged = kPaged_;
   static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
   static_assert(!(kFp8 && kPaged), "the FP8 forward has no paged instantiation");
-  static constexpr Sm90FwdTile kTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
-                                            : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
+  static constexpr Sm90FwdTile kTableTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
+                                                 : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
+  static_assert(!kShort_ || (kTableTile.short_block_n > 0 && !kVarlen_),
+                "a short-call instantiation: padded, of a row that has a short key block");
+  static constexpr Sm90FwdTile kTile = kShort_ ? sm90_fwd_short_tile(kTableTile) : kTableTile;
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
                 "head dims must be an sm90 tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
@@ -235,7 +240,8 @@ struct FwdTraits {
       !(kFp8 && kHeadDimV > 128);
   // Where there is no room for an O buffer, O can go through Q's buffer instead (same size
   // at D == Dv, 16-bit in and out) from the head dim FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM up
-  // (configure-time A/B switch, default 256; 512: never). The price: Q's buffer is released after
+  // (configure-time A/B switch, default 256; 512: never) where the ring below does not take
+  // it (the default at d256 before the thirteenth session). The price: Q's buffer is released after
   // the TMA store has read O, not after the tile's last S = Q K^T, so the next tile's Q load
   // starts later (fwd_epilogue.hpp). Only without ping-pong: the epilogue's barrier of both
   // consumer warpgroups (they must both be done reading Q) takes the warp-scheduler id. Not
@@ -244,12 +250,30 @@ struct FwdTraits {
 #ifndef FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM
 #define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 256
 #endif
-  static constexpr bool kOAliasQ = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
+  // Or O goes through the K/V ring, from the head dim FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM up
+  // (the same kind of switch; it takes precedence over the Q alias): the consumers keep the
+  // last key block's K and V stages past the main loop, warpgroup 0 stages its 64 x Dv half of
+  // O in that K stage and warpgroup 1 in that V stage, and both stages go back to the producer
+  // once the TMA stores have read them. Q is released after the tile's last S = Q K^T as with
+  // an O buffer, so the next tile's Q and first K and V blocks load under the epilogue; only
+  // its second key block waits for the stores. The same conditions as the Q alias, and each
+  // stage must hold a half of O. Default 256: against the Q alias on the H100 (bf16 d256,
+  // 16k tokens) 0.93-0.95x the time at N 512-1k, 0.97-0.98x at 2k-4k, 0.99-1.01x at 16k.
+#ifndef FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM
+#define FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM 256
+#endif
+  static constexpr int kOHalfBytes = kOBytes / kConsumerWarpgroups;
+  static constexpr bool kOInRing = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
+                                   int(kKStageBytes) >= kOHalfBytes &&
+                                   int(kVStageBytes) >= kOHalfBytes &&
+                                   kKStageBytes % 1024 == 0 && kVStageBytes % 1024 == 0 &&
+                                   kHeadDim >= FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM;
+  static constexpr bool kOAliasQ = !kOBuffer && !kOInRing && !kFp8 && !kPingPong && !kVarlen &&
                                    kHeadDimV == kHeadDim && sizeof(ElementOut) == sizeof(Element) &&
                                    kHeadDim >= FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM;
   static_assert(!kOAliasQ || kOBytes == int(cosize_v<SmemLayoutQ> * sizeof(Element)),
                 "O aliases Q: same bytes");
-  static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ;
+  static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ || kOInRing;
 
   struct NoSmemO {};
   struct SmemO {
