@@ -435,6 +435,9 @@ struct NanRowsCase {
   std::vector<std::pair<int, int>> nan_q, nan_k, nan_v, nan_dout;  // (row, head)
   float v_value = NAN;  // what the nan_v rows hold (NaN or +-Inf)
   float q_dout_value = NAN;  // what the nan_q and nan_dout rows hold (NaN or Inf)
+  // Rows of q that are -Inf in every element, over a k of positive elements only: every score
+  // of such a row is -Inf (all weights 0).
+  std::vector<std::pair<int, int>> minus_inf_q;
 
   int sequence_begin(int row) const { return varlen && row >= kSplitRow ? kSplitRow : 0; }
   bool sees(int i, int j) const { return sequence_begin(i) == sequence_begin(j) && j <= i; }
@@ -487,6 +490,10 @@ NanRowsResult run_nan_rows(const NanRowsCase& c, Backend backend, int num_splits
       for (int d = 0; d < kD; ++d) x[(std::int64_t(row) * kH + head) * kD + d] = value;
   };
   poison(q, c.nan_q, c.q_dout_value);
+  if (!c.minus_inf_q.empty()) {
+    for (float& x : k) x = std::fabs(x) + 0.125f;
+    poison(q, c.minus_inf_q, -INFINITY);
+  }
   poison(k, c.nan_k, NAN);
   poison(v, c.nan_v, c.v_value);
   poison(dout, c.nan_dout, c.q_dout_value);
@@ -596,6 +603,41 @@ TEST_P(CudaNanRows, RowsThatSeeANanScoreAreNan) {
                    std::to_string(splits));
       EXPECT_EQ(check_forward(c, run_nan_rows(c, GetParam(), splits, false, false)),
                 "as expected, as expected");
+    }
+  }
+}
+
+// A row whose every score is -Inf has all weights 0: out = 0 and lse = -inf, like a row that
+// sees no key, whether those scores lie in the blocks the mask cuts (row 50, in its query
+// tile's diagonal block only) or also in blocks it does not cut (rows 150 and 199); the other
+// rows stay finite. Seen failing on sm80 before the fix: NaN from -inf - (-inf) in the
+// exponent of the uncut blocks.
+TEST_P(CudaNanRows, RowsWhoseScoresAreAllMinusInfGiveZero) {
+  for (const bool varlen : {false, true}) {
+    NanRowsCase c;
+    c.varlen = varlen;
+    c.minus_inf_q = {{50, 0}, {150, 1}, {199, 0}};
+    for (const int splits : {1, 3}) {
+      SCOPED_TRACE(std::string(varlen ? "varlen" : "padded") + ", splits " +
+                   std::to_string(splits));
+      const NanRowsResult r = run_nan_rows(c, GetParam(), splits, false, false);
+      constexpr int kH = NanRowsCase::kH, kN = NanRowsCase::kN, kD = NanRowsCase::kD;
+      for (int row = 0; row < kN; ++row)
+        for (int head = 0; head < kH; ++head) {
+          const bool zero = NanRowsCase::has(c.minus_inf_q, row, head);
+          const float lse = r.lse[std::int64_t(head) * kN + row];
+          if (zero)
+            EXPECT_EQ(lse, -INFINITY) << "lse row " << row << " head " << head;
+          else
+            EXPECT_TRUE(std::isfinite(lse)) << "lse row " << row << " head " << head;
+          for (int d = 0; d < kD; ++d) {
+            const float x = r.out[(std::int64_t(row) * kH + head) * kD + d];
+            if (zero ? x != 0.f : !std::isfinite(x)) {
+              ADD_FAILURE() << "out row " << row << " head " << head << " is " << x;
+              break;
+            }
+          }
+        }
     }
   }
 }

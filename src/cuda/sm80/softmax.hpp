@@ -63,7 +63,8 @@ struct OnlineSoftmax {
 
   // s: S accumulator in (row, col) view, overwritten with unnormalised P.
   // o: O accumulator in (row, col) view.
-  // kCheckInf: s may hold -inf (a masked block), so a row max can still be -inf.
+  // kCheckInf: s may hold -inf (a masked block), so a row max can still be -inf. (A row whose
+  // scores are all -Inf in an uncut block has a -inf max too: exp_offset covers both.)
   // (The max and the growth test in one loop: as two loops, the d256 128x64 two-buffer
   // kernel spilled 272/304 B.)
   template <bool kCheckInf, class TensorS, class TensorO>
@@ -110,9 +111,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float m = fmaxf(row_max[r], block_max[r]);
-        // A row that has seen only masked keys keeps max -inf; use 0 as the offset so that
-        // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-        const float m_scaled = (kCheckInf && m == -INFINITY) ? 0.f : m * scale_log2;
+        const float m_scaled = exp_offset<kCheckInf>(m, scale_log2);
         // exp2(-inf) = 0 when the previous max was -inf: O and l are still 0 then.
         const float rescale = fast_exp2(row_max[r] * scale_log2 - m_scaled);
         row_sum[r] *= rescale;
@@ -123,8 +122,7 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float m_scaled =
-          (kCheckInf && row_max[r] == -INFINITY) ? 0.f : row_max[r] * scale_log2;
+      const float m_scaled = exp_offset<kCheckInf>(row_max[r], scale_log2);
       float t[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
@@ -133,6 +131,20 @@ struct OnlineSoftmax {
       }
       row_sum[r] += chain4_reduce(t, [](float a, float b) { return a + b; });
     }
+  }
+
+  // The exponent's offset for a row max m: m * scale_log2, but finite where m is -inf (a row
+  // that has seen only -inf scores: masked keys, or scores of -Inf in its inputs), so that its
+  // -inf scores give exp2(-inf) = 0 rather than exp2(-inf + inf) = NaN. A masked block
+  // (kCheckInf) uses 0; an uncut block clamps at -FLT_MAX, one FMNMX where the test would be
+  // two instructions (only an all -inf row reaches the clamp: a finite max is never below it,
+  // and a NaN max still gives NaN weights through the NaN scores themselves).
+  template <bool kCheckInf>
+  __forceinline__ __device__ static float exp_offset(float m, float scale_log2) {
+    if constexpr (kCheckInf)
+      return m == -INFINITY ? 0.f : m * scale_log2;
+    else
+      return fmaxf(m * scale_log2, -3.402823466e38f);
   }
 
   // Normalises O and returns each row's lse (common/softmax_finalize.hpp).
