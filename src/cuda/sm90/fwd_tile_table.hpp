@@ -14,8 +14,8 @@
 // D == Dv serve every call with D == Dv (zero-padded up to the row); rows with D != Dv
 // (DeepSeek-style MLA prefill: D 192 = 128 + 64 rope dims, Dv 128) serve only calls with
 // D != Dv, and are built only when listed in FLASHCPP_HEAD_DIM_PAIRS ("192x128").
-// 192 x 128 at 128 x 128 with 2 stages: Q 48 KB + K 96 KB + V 64 KB = 208 KB, so O is stored
-// from registers (no room for a 32 KB O buffer); S 64 + P 32 + O 64 registers per consumer
+// 192 x 128 at 128 x 128 with 2 stages: Q 48 KB + K 96 KB + V 64 KB = 208 KB, so O goes
+// through the ring's stages (no room for a 32 KB O buffer; fwd_traits.hpp, kOInRing); S 64 + P 32 + O 64 registers per consumer
 // thread, as at d128; no ping-pong (the products of D = 192 dominate, as at d256). These are
 // FA3's hdim 192 / hdimv 128 choices too (128 x 128, P from registers, intra-warpgroup
 // overlap, no warp-scheduler barrier above hdim 128).

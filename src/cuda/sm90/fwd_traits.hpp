@@ -204,7 +204,8 @@ struct FwdTraits {
   // of its threads stores it with TMA (rows past the sequence and columns past the real head
   // dim are clipped by the descriptor's extents). O needs its own buffer: Q is reloaded for
   // the next tile and the K/V ring keeps streaming while the epilogue runs. At d256 (224 KB)
-  // and 192 x 128 (208 KB) the ring leaves no room, so O is stored from registers there.
+  // and 192 x 128 (208 KB) the ring leaves no room for one, so O goes through the last key
+  // block's K and V stages there (kOInRing below), or from registers (varlen).
   using SmemAtomO = GMMA::Layout_K_SW128_Atom<ElementOut>;
   using SmemLayoutOHalf = decltype(tile_to_shape(SmemAtomO{}, Shape<_64, Int<kHeadDimV>>{}));
   using SmemLayoutO = decltype(tile_to_shape(
@@ -257,10 +258,13 @@ struct FwdTraits {
   // once the TMA stores have read them. Q is released after the tile's last S = Q K^T as with
   // an O buffer, so the next tile's Q and first K and V blocks load under the epilogue; only
   // its second key block waits for the stores. The same conditions as the Q alias, and each
-  // stage must hold a half of O. Default 256: against the Q alias on the H100 (bf16 d256,
-  // 16k tokens) 0.93-0.95x the time at N 512-1k, 0.97-0.98x at 2k-4k, 0.99-1.01x at 16k.
+  // stage must hold a half of O. Default 192 (d256 and the 192 x 128 pair), H100, bf16, 16k
+  // tokens: d256 against the Q alias 0.93-0.95x the time at N 512-1k, 0.97-0.98x at 2k-4k,
+  // 0.99-1.01x at 16k; 192 x 128 against O from registers 0.87-0.92x non-causal, 0.88-0.98x
+  // causal at N 512-8k. Not for varlen: with its register path for the rows past a sequence
+  // it spilled 184 B at d256 and ran 0.97-0.98x as fast as O from registers.
 #ifndef FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM
-#define FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM 256
+#define FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM 192
 #endif
   static constexpr int kOHalfBytes = kOBytes / kConsumerWarpgroups;
   static constexpr bool kOInRing = !kOBuffer && !kFp8 && !kPingPong && !kVarlen &&
