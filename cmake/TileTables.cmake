@@ -91,11 +91,9 @@ flashcpp_sm90_fwd_tile_switches(FP8 "FP8")
 # default of fwd_traits.hpp; 512: never), written to the same header (fwd_traits.hpp says what
 # they do):
 #  FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM      Q's wgmma descriptors rebuilt per key block;
-#  FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM   O stored with TMA through Q's buffer where no O
-#                                         buffer fits (d256);
 #  FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM   O stored with TMA through the last key block's K and
-#                                         V stages where no O buffer fits (before the Q alias).
-foreach(_switch IN ITEMS Q_DESC O_ALIAS_Q O_IN_RING)
+#                                         V stages where no O buffer fits (d256, 192 x 128).
+foreach(_switch IN ITEMS Q_DESC O_IN_RING)
   set(_var FLASHCPP_SM90_FWD_${_switch}_MIN_HDIM)
   set(${_var} "" CACHE STRING "sm90a forward: ${_switch} variant from this head dim up (empty: the default; 512: never)")
   if(NOT ${_var} STREQUAL "")

@@ -8,9 +8,9 @@
 //    issues the bulk store; the descriptor's real extents clip rows past the sequence and
 //    columns past the real head dim. The store runs while the warpgroup starts its next tile;
 //    the buffer is rewritten only after that store has finished reading it;
-//    O is staged in its own buffer, in Q's (Traits::kOAliasQ) or in the last key block's K
-//    and V stages (Traits::kOInRing: warpgroup 0's half in K's, 1's in V's), where the
-//    main loop left those stages held for it;
+//    O is staged in its own buffer or in the last key block's K and V stages
+//    (Traits::kOInRing: warpgroup 0's half in K's, 1's in V's), where the main loop left
+//    those stages held for it;
 //  - or from registers (varlen d256 and 192 x 128, where shared memory has no room for O,
 //    and varlen rows that reach past the sequence's end): two neighbouring
 //    columns per 4-byte store, predicated on the row and column bounds.
@@ -48,8 +48,7 @@ struct FwdEpilogue {
     return make_tensor(cO.data(), wgmma_acc_rowcol(cO.layout()));
   }
 
-  // `has_work`: the tile had a visible key, so the main loop loaded its Q (with O aliasing Q,
-  // the epilogue then releases Q's buffer to the producer) and, with O in the ring
+  // `has_work`: the tile had a visible key, so the main loop ran and, with O in the ring
   // (Traits::kOInRing), left the K and V stages `last_stage` of its last key block held
   // (mma's result), which the epilogue gives back.
   template <class AccO, int kRows>
@@ -61,24 +60,22 @@ struct FwdEpilogue {
     // the persistent tile loop and keeps them live (spilled) across the main loop.
     asm volatile("mov.b32 %0, %0;" : "+r"(tid));
     if constexpr (kSplit) {
-      if constexpr (Traits::kOAliasQ)
-        if (has_work) release_q(ss);
       if constexpr (Traits::kOInRing)
         if (has_work) release_stages(ss, last_stage);
       store_partial(params.kp, seq, tile, acc_o, lse, tid);
       return;
     }
     store_lse(params.kp, seq, tile, lse, tid);
-    if constexpr (Traits::kOAliasQ || Traits::kOInRing) {
-      // A tile without work loaded no Q and holds no stages: Q's buffer and the ring may
-      // already hold the next tile's blocks, so its zeros go from registers.
+    if constexpr (Traits::kOInRing) {
+      // A tile without work holds no stages: the ring may already hold the next tile's
+      // blocks, so its zeros go from registers.
       if (!has_work) {
         store_o_registers(params.kp, seq, tile, acc_o, tid);
         return;
       }
-      // O overwrites Q (the last K and V stages) only once both warpgroups' last S = Q K^T
-      // (and last P V) have completed.
-      named_barrier_sync(NamedBarrier::kFwdQRead, 256);
+      // O overwrites the last K and V stages only once both warpgroups' last S = Q K^T and
+      // last P V have completed.
+      named_barrier_sync(NamedBarrier::kFwdLastStagesRead, 256);
       store_o_tma(params, seq, tile, acc_o, ss, tid, last_stage);
       return;
     }
@@ -170,17 +167,16 @@ struct FwdEpilogue {
                                         group_modes<0, 2>(sO_wg), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO, tOgO(_, tile.m_block * (kBlockM / 64) + wg));
       tma_store_arrive();
-      // O in Q's buffer or in the ring: the buffer is free for the next loads once the
-      // store has read it (the leader's arrival completes the release of every thread).
-      if constexpr (Traits::kOAliasQ || Traits::kOInRing) tma_store_wait<0>();
+      // O in the ring: the stages are free for the next loads once the store has read them
+      // (the leader's arrival completes the release of every thread).
+      if constexpr (Traits::kOInRing) tma_store_wait<0>();
     }
-    if constexpr (Traits::kOAliasQ) release_q(ss);
     if constexpr (Traits::kOInRing) release_stages(ss, last_stage);
   }
 
-  // Warpgroup wg's 64 x Dv staging half of O: in the O buffer, in Q's buffer
-  // (Traits::kOAliasQ), or in ring stage `stage` of K (warpgroup 0) or V (warpgroup 1)
-  // (Traits::kOInRing; each stage starts at a multiple of 1024 bytes, the swizzle period).
+  // Warpgroup wg's 64 x Dv staging half of O: in the O buffer, or in ring stage `stage` of K
+  // (warpgroup 0) or V (warpgroup 1) (Traits::kOInRing; each stage starts at a multiple of
+  // 1024 bytes, the swizzle period).
   __device__ static Element* o_half(SharedStorage& ss, int wg, int stage) {
     constexpr int kHalf = Traits::kOHalfBytes / int(sizeof(Element));
     if constexpr (Traits::kOInRing) {
@@ -188,8 +184,6 @@ struct FwdEpilogue {
       Input* base = wg == 0 ? ss.k.data() + stage * (Traits::kKStageBytes / sizeof(Input))
                             : ss.v.data() + stage * (Traits::kVStageBytes / sizeof(Input));
       return reinterpret_cast<Element*>(base);
-    } else if constexpr (Traits::kOAliasQ) {
-      return reinterpret_cast<Element*>(ss.q.data()) + wg * kHalf;
     } else {
       return ss.o.o.data() + wg * kHalf;
     }
@@ -200,12 +194,6 @@ struct FwdEpilogue {
   __device__ static void release_stages(SharedStorage& ss, int stage) {
     ss.pipeline_k.empty_barrier_[stage].arrive();
     ss.pipeline_v.empty_barrier_[stage].arrive();
-  }
-
-  // With O aliasing Q: this thread is done with Q's buffer (the producer waits for all
-  // consumer threads before loading the next tile's Q).
-  __device__ static void release_q(SharedStorage& ss) {
-    cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
   }
 
   // Split j's rows: O [split, b, h, row, Dv] and lse [split, b, h, row] of the workspace, rows

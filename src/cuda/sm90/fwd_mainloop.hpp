@@ -425,9 +425,8 @@ struct FwdMainloop {
       }
     }
 
-    // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q
-    // (unless O goes through Q's buffer: then the epilogue releases it).
-    if constexpr (!Traits::kOAliasQ) cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
+    // Every S = Q K^T of the tile has completed: the producer may load the next tile's Q.
+    cutlass::arch::ClusterBarrier::arrive(&ss.q_empty);
 
     // ---- last P V ----
     pipeline_v.consumer_wait(v_state);

@@ -83,7 +83,7 @@ struct FwdTraits {
 
   // Rebuild Q's wgmma descriptors in every main-loop iteration (fwd_mainloop.hpp) from this
   // head dim up: at d256 the compiler otherwise keeps all 16 descriptors live and spills them
-  // (H100: +2-9% TFLOP/s with the O alias below). FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM is the
+  // (H100: +2-9% TFLOP/s with O through Q's buffer, the epilogue of the time). FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM is the
   // configure-time A/B switch (cmake -DFLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM=512: never).
 #ifndef FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM
 #define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 256
@@ -239,30 +239,21 @@ struct FwdTraits {
   static constexpr bool kOBuffer =
       sm90_fwd_smem_bytes(kTile, int(sizeof(Element))) + kOBytes + 1024 <= kSmemLimit &&
       !(kFp8 && kHeadDimV > 128);
-  // Where there is no room for an O buffer, O can go through Q's buffer instead (same size
-  // at D == Dv, 16-bit in and out) from the head dim FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM up
-  // (configure-time A/B switch, default 256; 512: never) where the ring below does not take
-  // it (the default at d256 before the thirteenth session). The price: Q's buffer is released after
-  // the TMA store has read O, not after the tile's last S = Q K^T, so the next tile's Q load
-  // starts later (fwd_epilogue.hpp). Only without ping-pong: the epilogue's barrier of both
-  // consumer warpgroups (they must both be done reading Q) takes the warp-scheduler id. Not
-  // for varlen: its two O paths (TMA inside the sequence, registers past it) spilled 160 B
-  // at d256.
-#ifndef FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM
-#define FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM 256
-#endif
-  // Or O goes through the K/V ring, from the head dim FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM up
-  // (the same kind of switch; it takes precedence over the Q alias): the consumers keep the
-  // last key block's K and V stages past the main loop, warpgroup 0 stages its 64 x Dv half of
-  // O in that K stage and warpgroup 1 in that V stage, and both stages go back to the producer
-  // once the TMA stores have read them. Q is released after the tile's last S = Q K^T as with
-  // an O buffer, so the next tile's Q and first K and V blocks load under the epilogue; only
-  // its second key block waits for the stores. The same conditions as the Q alias, and each
-  // stage must hold a half of O. Default 192 (d256 and the 192 x 128 pair), H100, bf16, 16k
-  // tokens: d256 against the Q alias 0.93-0.95x the time at N 512-1k, 0.97-0.98x at 2k-4k,
-  // 0.99-1.01x at 16k; 192 x 128 against O from registers 0.87-0.92x non-causal, 0.88-0.98x
-  // causal at N 512-8k. Not for varlen: with its register path for the rows past a sequence
-  // it spilled 184 B at d256 and ran 0.97-0.98x as fast as O from registers.
+  // Where there is no room for an O buffer, O goes through the K/V ring from the head dim
+  // FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM up (configure-time A/B switch, default 192; 512:
+  // never): the consumers keep the last key block's K and V stages past the main loop,
+  // warpgroup 0 stages its 64 x Dv half of O in that K stage and warpgroup 1 in that V stage,
+  // and both stages go back to the producer once the TMA stores have read them. Q is released
+  // after the tile's last S = Q K^T as with an O buffer, so the next tile's Q and first K and V
+  // blocks load under the epilogue; only its second key block waits for the stores. Each
+  // stage must hold a half of O. Only without ping-pong: the epilogue's barrier of both
+  // consumer warpgroups (both done reading the stages) takes the warp-scheduler id.
+  // H100, bf16, 16k tokens: d256 against O through Q's buffer (the tenth to twelfth sessions'
+  // default, removed since: the next tile's Q loaded only after the store had read O)
+  // 0.93-0.95x the time at N 512-1k, 0.97-0.98x at 2k-4k, 0.99-1.01x at 16k; 192 x 128
+  // against O from registers 0.87-0.92x non-causal, 0.88-0.98x causal at N 512-8k. Not for
+  // varlen: with its register path for the rows past a sequence it spilled 184 B at d256 and
+  // ran 0.97-0.98x as fast as O from registers.
 #ifndef FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM
 #define FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM 192
 #endif
@@ -272,12 +263,7 @@ struct FwdTraits {
                                    int(kVStageBytes) >= kOHalfBytes &&
                                    kKStageBytes % 1024 == 0 && kVStageBytes % 1024 == 0 &&
                                    kHeadDim >= FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM;
-  static constexpr bool kOAliasQ = !kOBuffer && !kOInRing && !kFp8 && !kPingPong && !kVarlen &&
-                                   kHeadDimV == kHeadDim && sizeof(ElementOut) == sizeof(Element) &&
-                                   kHeadDim >= FLASHCPP_SM90_FWD_O_ALIAS_Q_MIN_HDIM;
-  static_assert(!kOAliasQ || kOBytes == int(cosize_v<SmemLayoutQ> * sizeof(Element)),
-                "O aliases Q: same bytes");
-  static constexpr bool kTmaStoreO = kOBuffer || kOAliasQ || kOInRing;
+  static constexpr bool kTmaStoreO = kOBuffer || kOInRing;
 
   struct NoSmemO {};
   struct SmemO {

@@ -27,9 +27,10 @@ enum class NamedBarrier : int {
   // Forward: the producer warpgroup's scanner warps 1-3 start on a cut block's V stage, OR
   // their verdicts, and end its rare path (fwd_non_finite_v.hpp).
   kFwdVScan = kBwdDsFree,
-  // Forward without ping-pong, O aliasing Q (fwd_epilogue.hpp): both consumer warpgroups are
-  // done reading the tile's Q. Without ping-pong the warp-scheduler id is free.
-  kFwdQRead = kWarpScheduler0,
+  // Forward without ping-pong, O in the ring (fwd_epilogue.hpp): both consumer warpgroups are
+  // done reading the tile's last K and V stages. Without ping-pong the warp-scheduler id is
+  // free.
+  kFwdLastStagesRead = kWarpScheduler0,
   // Backward epilogue: both consumer warpgroups are done with the main loop's shared memory.
   // The backward has no warp scheduler, so it takes that id.
   kBwdEpilogueAll = kWarpScheduler0,
