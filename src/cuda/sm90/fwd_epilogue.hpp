@@ -178,14 +178,13 @@ struct FwdEpilogue {
   // (warpgroup 0) or V (warpgroup 1) (Traits::kOInRing; each stage starts at a multiple of
   // 1024 bytes, the swizzle period).
   __device__ static Element* o_half(SharedStorage& ss, int wg, int stage) {
-    constexpr int kHalf = Traits::kOHalfBytes / int(sizeof(Element));
     if constexpr (Traits::kOInRing) {
       using Input = typename Traits::Element;
       Input* base = wg == 0 ? ss.k.data() + stage * (Traits::kKStageBytes / sizeof(Input))
                             : ss.v.data() + stage * (Traits::kVStageBytes / sizeof(Input));
       return reinterpret_cast<Element*>(base);
     } else {
-      return ss.o.o.data() + wg * kHalf;
+      return ss.o.o.data() + wg * (Traits::kOHalfBytes / int(sizeof(Element)));
     }
   }
 

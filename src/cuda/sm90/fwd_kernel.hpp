@@ -182,8 +182,8 @@ __global__ void __launch_bounds__(Mainloop::Traits::kThreads, 1)
       constexpr int kRows = decltype(size<0>(wgmma_acc_rowcol(acc_o.layout())))::value;
       Softmax<kRows> softmax;
       // A tile with no visible key stores O = 0 and lse = -inf (the empty softmax's result).
-      // The ring stage of the tile's last key block: where O goes through where
-      // Traits::kOInRing.
+      // The ring stage of the tile's last key block (O goes through it where
+      // Traits::kOInRing).
       int last_stage = 0;
       if (w.has_work()) {
         const BlockRange unmasked = w.mask.unmasked_blocks(w.tile.m_block, kBlockM, kBlockN);
