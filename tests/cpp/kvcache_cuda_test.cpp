@@ -626,6 +626,73 @@ void check_graph_replay(bool fp8, int nnew = 1, const char* kernel_has = nullptr
   cuda_ok(cudaStreamDestroy(stream));
 }
 
+// Two decode calls back to back on one stream, the second taking the first's output as its
+// queries, ten rounds with both outputs poisoned (NaN) before each. On Hopper a decode kernel
+// starts as a programmatic dependent of the kernel ahead, which lets its dependents start as
+// soon as its own CTAs have: the second call reads NaN queries unless it waits for the first.
+void check_chained_calls(const KvCase& c) {
+  SCOPED_TRACE(test::kv_case_name(c));
+  ASSERT_FALSE(c.append);
+  ASSERT_EQ(c.dv(), c.head_dim);
+  auto rng = test::test_rng();
+  KvTensors t(c, rng);
+  const KvTensors before = t;
+  DeviceKv device(t);
+  device.upload(t);
+  const KvViews views = device.views(t);
+  const KVCacheTensors first = views.tensors(c);
+  const AttentionOptions options = views.options(c);
+  DeviceBuffer out2(t.out.bytes());
+  KVCacheTensors second = first;
+  second.q = first.out;  // q and out of one case share shape and layout when Dv == D
+  second.out.data = out2.ptr;
+  KVCachePlan plan;
+  try {
+    plan = plan_attention_with_kvcache(first, options);
+  } catch (const Error& e) {
+    if (!cuda_test::record_if_unbuilt(test::kv_case_name(c), e)) throw;
+    return;
+  }
+  DeviceBuffer workspace(std::max<std::size_t>(plan.workspace_bytes, 1));
+  const Workspace w{workspace.ptr, plan.workspace_bytes};
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int round = 0; round < 10; ++round) {
+    cuda_ok(cudaMemsetAsync(first.out.data, 0xFF, t.out.bytes(), stream));
+    cuda_ok(cudaMemsetAsync(out2.ptr, 0xFF, t.out.bytes(), stream));
+    attention_with_kvcache(first, options, stream, w);
+    const RunInfo info = attention_with_kvcache(second, options, stream, w);
+    if (round == 0) expect_ran_on_gpu(c, info, plan);
+  }
+  cuda_ok(cudaStreamSynchronize(stream));
+  cuda_ok(cudaStreamDestroy(stream));
+  device.download(t);
+  expect_gpu_result(c, before, t, test::kv_oracle(c, before));
+  // The second call's oracle: the same case with the first call's output as q.
+  KvTensors chained = before;
+  for (std::int64_t i = 0; i < chained.q.numel(); ++i) chained.q.set(i, t.out.get(i));
+  const KvExpected expected = test::kv_oracle(c, chained);
+  const KvTensors chained_before = chained;
+  cuda_ok(cudaMemcpy(chained.out.data(), out2.ptr, chained.out.bytes(), cudaMemcpyDeviceToHost));
+  SCOPED_TRACE("the second call");
+  expect_gpu_result(c, chained_before, chained, expected);
+}
+
+TEST_F(KvCacheCuda, ChainedCallsWaitForTheKernelAhead) {
+  for (bool fp8 : {false, true}) {
+    // Split (merged in clusters on Hopper) and unsplit (B 32 x Hkv 8 CTAs fill the GPU).
+    for (const auto& [lengths, page] : {std::pair<std::vector<int>, int>{{3000, 2500, 4000, 1}, 0},
+                                        {std::vector<int>(32, 700), 0},
+                                        {{3000, 0, 4000, 900}, 64}}) {
+      KvCase c = gpu_case(lengths, 1, 32, 8, 128, DType::bf16, page);
+      c.append = false;
+      c.fp8_cache = fp8;
+      c.descales = fp8 ? 2 : 0;
+      check_chained_calls(c);
+    }
+  }
+}
+
 TEST_F(KvCacheCuda, GraphReplaysWithNewLengths) { check_graph_replay(false); }
 TEST_F(KvCacheCuda, Fp8CacheGraphReplaysWithNewLengthsAndDescales) { check_graph_replay(true); }
 TEST_F(KvCacheCuda, PagedPrefillGraphReplaysWithNewLengths) {

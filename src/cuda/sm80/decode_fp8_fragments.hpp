@@ -110,7 +110,7 @@ __device__ __forceinline__ int fp8_merge_slot(int row, int dim) {
 // same e. Contains a __syncthreads: call it from every thread of the CTA.
 template <int kThreads, int kElems>
 __device__ __forceinline__ int fp8_q_scale_exponent(const cutlass::bfloat16_t* s_q, int* s_partial) {
-  static_assert(kElems % (8 * kThreads) == 0, "whole 16-byte chunks per thread");
+  static_assert(kElems % 8 == 0, "whole 16-byte chunks");
   const int tid = threadIdx.x;
   std::uint32_t m = 0;  // largest finite magnitude, as bf16 bits (their order is the values')
 #pragma unroll

@@ -8,7 +8,7 @@
 //              (read on the device, never planned from it);
 //   mainloop   K/V blocks of block_n keys stream through `stages` cp.async buffers (zero-filled
 //              past the length, on unused pages and in the head-dim padding, so no garbage is
-//              ever multiplied); each of the 4 warps takes 16 keys of a block: S = Q K^T and
+//              ever multiplied); each warp takes 16 keys of a block: S = Q K^T and
 //              O += P V on mma.sync m16n8k16, with its own online softmax;
 //   epilogue   the warps' (max, sum, O) are merged through shared memory; O and lse go to
 //              the output, or, split, to the workspace for the combine kernel.
@@ -46,15 +46,16 @@ struct DecodeTraits {
   static_assert(kTile.head_dim == kHeadDim, "decode instantiations use the tile table's head dims");
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
-  static constexpr int kThreads = kDecodeWarps * 32;
+  static constexpr int kWarps = kTile.warps;
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kQChunks = kHeadDim / 8;  // 16-byte chunks per row of Q
   static constexpr int kChunks = kHeadDim * int(sizeof(Cache)) / 16;  // ... of K and V
   static constexpr int kChunkElems = 16 / int(sizeof(Cache));
   static constexpr int kSmemBytes = decode_smem_bytes(kTile, int(sizeof(Element)), int(sizeof(Cache)));
-  static_assert(kBlockN == 16 * kDecodeWarps, "each warp takes 16 keys of a block");
+  static_assert(kBlockN == 16 * kWarps, "each warp takes 16 keys of a block");
   static_assert(kQChunks >= 8, "the swizzle permutes 8 chunks");
   // The epilogue's merge buffer (fp32 O of every warp) reuses the K/V stages.
-  static_assert(kDecodeWarps * kDecodeRows * kHeadDim * 4 <=
+  static_assert(kWarps * kDecodeRows * kHeadDim * 4 <=
                 2 * kStages * kBlockN * kHeadDim * int(sizeof(Cache)));
 };
 
@@ -63,6 +64,31 @@ struct DecodeTraits {
 template <int kChunks>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 8;
+}
+
+// Asks L2 (sm90+) for the K and V rows of the key block where split `split` of a full cache
+// starts, one row per thread. Reads nothing, so it may run before the wait for the kernel
+// ahead: L2 is where every write lands, so a line fetched early is updated by a later write,
+// never stale.
+template <class Traits>
+__device__ __forceinline__ void l2_prefetch_first_block(const KVCacheParams& p, int b, int head_kv, int split,
+                                                        int num_splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cache = typename Traits::Cache;
+  constexpr int BN = Traits::kBlockN;
+  constexpr int kRowBytes = Traits::kHeadDim * int(sizeof(Cache));
+  static_assert(2 * BN == Traits::kThreads, "a thread per K or V row of a block");
+  const int blocks = (p.seqlen_k + BN - 1) / BN;
+  const int key = split * ((blocks + num_splits - 1) / num_splits) * BN + int(threadIdx.x) % BN;
+  if (key >= p.seqlen_k) return;
+  const bool v = int(threadIdx.x) >= BN;
+  const Strides& s = v ? p.v_stride : p.k_stride;
+  const char* row = reinterpret_cast<const char*>(static_cast<const Cache*>(v ? p.v : p.k) + b * s.batch +
+                                                  std::int64_t(head_kv) * s.head + std::int64_t(key) * s.row);
+#pragma unroll
+  for (int line = 0; line < (kRowBytes + 127) / 128; ++line)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 128 * line));
+#endif
 }
 
 // kClusterCombine (sm90 builds only): the splits of a tile run as one cluster and merge
@@ -75,6 +101,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   using Cache = typename Traits::Cache;
   constexpr bool kFp8 = Traits::kFp8;
   constexpr int D = Traits::kHeadDim, BN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kWarps = Traits::kWarps;
   constexpr int C = Traits::kChunks, QC = Traits::kQChunks, kChunkElems = Traits::kChunkElems;
   const KVCacheParams& p = kp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -97,6 +124,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   const int g = lane / 4, tq = lane % 4;
   // The split-KV combine may launch once every CTA has started; it waits for their results.
   allow_dependent_launch();
+  // Launched as a programmatic dependent (sm90a translation units), the CTA may start while
+  // the kernel ahead drains. Before waiting for its results it asks L2 for the first key block
+  // it would read if the sequence filled the cache (contiguous caches: no table to read first),
+  // a hint that overlaps that block's DRAM latency with the kernel ahead's tail.
+  if constexpr (!kPaged) l2_prefetch_first_block<Traits>(p, b, head_kv, split, kp.num_splits);
+  wait_for_kernel_ahead();
 
   // fp8 caches: the descales of q . k fold into the score scale, v's into the normaliser.
   // 16-bit caches read the kernel parameters themselves (copies would take registers).
@@ -244,7 +277,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     if (it == 0) {
       if constexpr (kFp8) {
         // Q into f16 times 2^e; the scores come out 2^e too large, the scale takes it back.
-        __shared__ int q_max_of_warp[kDecodeWarps];
+        __shared__ int q_max_of_warp[kWarps];
         const int e = fp8_q_scale_exponent<Traits::kThreads, kDecodeRows * D>(s_q, q_max_of_warp);
         if constexpr (kSoftcap) {
           fp8_softcap_in *= fp8_pow2(-e);
@@ -401,7 +434,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 
   // ---- epilogue: merge the warps' softmax states, then store ----
   float* merge_o = reinterpret_cast<float*>(s_k);  // [warp][16][D]
-  __shared__ float merge_max[kDecodeWarps][kDecodeRows], merge_sum[kDecodeWarps][kDecodeRows];
+  __shared__ float merge_max[kWarps][kDecodeRows], merge_sum[kWarps][kDecodeRows];
 #pragma unroll
   for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
   if (tq == 0) {
@@ -416,7 +449,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
   const auto row_offset = [&](int row) {
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, merge_max[w][row]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, merge_max[w][row]);
     return m;
   };
   // Each row's normaliser and lse, once per row (not per element of the store loop below).
@@ -427,7 +460,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     // fmaxf skips): weight 0 keeps the NaN, so only a row whose sum is 0 counts as empty.
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const float mw = merge_max[w][tid];
       sum += merge_sum[w][tid] * (mw == -INFINITY ? 0.f : fast_exp2((mw - m) * scale_log2));
     }
@@ -454,8 +487,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
 
   const std::int64_t rows_per_split = std::int64_t(p.batch) * p.heads_q * p.seqlen_q;
   // Cluster merge: this split's rows go to shared memory past the merge buffers.
-  float* const part_o = merge_o + kDecodeWarps * kDecodeRows * D;  // [16][D]
-  static_assert((kDecodeWarps + 1) * kDecodeRows * D * 4 <=
+  float* const part_o = merge_o + kWarps * kDecodeRows * D;  // [16][D]
+  static_assert((kWarps + 1) * kDecodeRows * D * 4 <=
                 2 * Traits::kStages * BN * D * int(sizeof(Cache)));
   // 16-bit outputs: 8 columns per step (two 16-byte merge-buffer reads per warp, 16-byte
   // stores) where Dv and the destination's rows allow it; otherwise one column per step. With
@@ -476,7 +509,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       if (col >= p.head_dim_v) continue;
       float o[kVec] = {};
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w)
+      for (int w = 0; w < kWarps; ++w)
 #pragma unroll
         for (int j = 0; j < kVec; j += 4) {
           const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kDecodeRows + r) * D + col + j);
@@ -520,7 +553,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
       if (col >= p.head_dim_v) continue;
       float o = 0.f;
   #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w)
+      for (int w = 0; w < kWarps; ++w)
         o += merge_o[(w * kDecodeRows + r) * D + (kFp8 ? fp8_merge_slot(r, col) : col)];
       o = row_scale[r] == 0.f ? 0.f : o * row_scale[r];  // a row that saw no key: exactly 0
       const float lse = row_lse[r];

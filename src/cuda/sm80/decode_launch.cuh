@@ -17,7 +17,9 @@
 namespace flashcpp::detail::cuda::sm80 {
 
 // Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
-template <class Element, int kHeadDim, class Cache = Element>
+// kDependentLaunch (sm90a translation units only, whose kernel waits for the kernel ahead):
+// the decode kernel is a programmatic dependent of the kernel ahead in the stream.
+template <class Element, int kHeadDim, class Cache = Element, bool kDependentLaunch = false>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, Cache>;
   const KVCacheParams& p = kp.p;
@@ -36,8 +38,17 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   if (seq_heads > INT_MAX || kp.num_splits > 65535 || kp.num_m_tiles > 65535)
     throw Error("q: batch x kv heads, splits or row tiles exceed the decode kernel's grid");
   const dim3 grid(unsigned(seq_heads), unsigned(kp.num_splits), unsigned(kp.num_m_tiles));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(kp);
-  FLASHCPP_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = kDependentLaunch ? 1 : 0;
+  FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, kp));
   if (kp.num_splits > 1) {
     // The forward's combine merges the same [split, b, h, row, Dv] partials.
     FwdKernelParams fk;

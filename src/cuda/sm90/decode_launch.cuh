@@ -40,7 +40,7 @@ bool run_decode_cluster(const KVCacheKernelParams& kp, cudaStream_t stream) {
   // its CTAs on an SM, leaving other SMs idle (H100, B1 L16k: 8 splits packed or spread alike,
   // 16 splits spread 30% slower than packed, since 16-CTA clusters of one CTA per SM do not
   // all fit at once). Asking for half an SM's shared memory spreads them. An fp8 cache's CTA
-  // is bounded by its instructions, not by its loads: it keeps two CTAs per SM.
+  // fills an SM by itself (8 warps' registers from d128 down, its stages' shared memory at d256).
   int device = 0, smem_per_sm = 0;
   FLASHCPP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHCPP_CUDA_CHECK(
@@ -58,13 +58,17 @@ bool run_decode_cluster(const KVCacheKernelParams& kp, cudaStream_t stream) {
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = unsigned(kp.num_splits);
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = unsigned(kp.num_splits);
+  attrs[0].val.clusterDim.z = 1;
+  // A programmatic dependent of the kernel ahead: its CTAs start while that kernel drains and
+  // wait for it in the kernel (sm80/decode_kernel.hpp).
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = 2;
   // Whether the GPU can place a cluster of this size: asked once per variant and size.
   static std::atomic<signed char> fits[2][2][kDecodeClusterMaxSplits + 1] = {};  // 0: not asked
   std::atomic<signed char>& known = fits[softcap][paged][kp.num_splits];
@@ -88,7 +92,7 @@ DecodeSm90Ran run_decode_sm90(const KVCacheKernelParams& kp, bool merge_in_clust
   if (merge_in_cluster && run_decode_cluster<Element, kHeadDim, Cache>(kp, stream))
     return DecodeSm90Ran::cluster;
   if constexpr (sm80::DecodeTraits<Element, kHeadDim, Cache>::kFp8) {
-    sm80::run_decode<Element, kHeadDim, Cache>(kp, stream);
+    sm80::run_decode<Element, kHeadDim, Cache, true>(kp, stream);
     return DecodeSm90Ran::unmerged;
   }
   return DecodeSm90Ran::nothing;
