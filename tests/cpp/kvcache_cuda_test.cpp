@@ -642,10 +642,16 @@ void check_chained_calls(const KvCase& c) {
   const KvViews views = device.views(t);
   const KVCacheTensors first = views.tensors(c);
   const AttentionOptions options = views.options(c);
-  DeviceBuffer out2(t.out.bytes());
+  DeviceBuffer out2(t.out.bytes()), lse2(std::max<std::size_t>(t.lse.bytes(), 1));
   KVCacheTensors second = first;
   second.q = first.out;  // q and out of one case share shape and layout when Dv == D
   second.out.data = out2.ptr;
+  TensorView second_lse;  // the first call's lse stays where the check reads it
+  if (first.lse != nullptr) {
+    second_lse = *first.lse;
+    second_lse.data = lse2.ptr;
+    second.lse = &second_lse;
+  }
   KVCachePlan plan;
   try {
     plan = plan_attention_with_kvcache(first, options);
@@ -674,6 +680,8 @@ void check_chained_calls(const KvCase& c) {
   const KvExpected expected = test::kv_oracle(c, chained);
   const KvTensors chained_before = chained;
   cuda_ok(cudaMemcpy(chained.out.data(), out2.ptr, chained.out.bytes(), cudaMemcpyDeviceToHost));
+  if (c.with_lse)
+    cuda_ok(cudaMemcpy(chained.lse.data(), lse2.ptr, chained.lse.bytes(), cudaMemcpyDeviceToHost));
   SCOPED_TRACE("the second call");
   expect_gpu_result(c, chained_before, chained, expected);
 }
