@@ -2,7 +2,6 @@
 // Host side of one KV-cache decode instantiation: the append (when k_new is given), the decode
 // kernel and, for split calls, the combine. Included only by the generated per-instantiation
 // translation units.
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -17,25 +16,10 @@
 
 namespace flashcpp::detail::cuda::sm80 {
 
-// Whether a decode kernel may launch as a programmatic dependent of the kernel ahead: only
-// where one CTA fills an SM. Its CTAs start while the kernel ahead drains and wait in the
-// kernel; where two fit on an SM they land beside the running CTAs of the kernel ahead and stay
-// packed two to an SM after it ends (H100, bf16 cache, B1 L16k, 8-split clusters that rely on
-// one CTA per SM: 0.94x the time without). Asked once per kernel variant (`known`).
-template <class Kernel>
-bool decode_dependent_launch_ok(Kernel kernel, int threads, int smem, std::atomic<signed char>& known) {
-  if (known.load(std::memory_order_relaxed) == 0) {
-    int per_sm = 0;
-    FLASHCPP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    known.store(per_sm == 1 ? 1 : -1, std::memory_order_relaxed);
-  }
-  return known.load(std::memory_order_relaxed) > 0;
-}
-
 // Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
 // kDependentLaunch (sm90a translation units only, whose kernel waits for the kernel ahead):
-// the decode kernel is a programmatic dependent of the kernel ahead in the stream where
-// decode_dependent_launch_ok says so.
+// an fp8 cache's decode kernel is a programmatic dependent of the kernel ahead in the stream
+// (decode_kernel.hpp says why only fp8).
 template <class Element, int kHeadDim, class Cache = Element, bool kDependentLaunch = false>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, Cache>;
@@ -64,11 +48,7 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  static std::atomic<signed char> dependent_ok[2][2] = {};  // [softcap][paged]; 0: not asked
-  config.numAttrs = kDependentLaunch && decode_dependent_launch_ok(kernel, Traits::kThreads, smem,
-                                                                   dependent_ok[softcap][paged])
-                        ? 1
-                        : 0;
+  config.numAttrs = kDependentLaunch && Traits::kFp8 ? 1 : 0;
   FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, kp));
   if (kp.num_splits > 1) {
     // The forward's combine merges the same [split, b, h, row, Dv] partials.

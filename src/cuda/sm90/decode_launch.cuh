@@ -63,14 +63,11 @@ bool run_decode_cluster(const KVCacheKernelParams& kp, cudaStream_t stream) {
   attrs[0].val.clusterDim.x = 1;
   attrs[0].val.clusterDim.y = unsigned(kp.num_splits);
   attrs[0].val.clusterDim.z = 1;
-  // A programmatic dependent of the kernel ahead where one CTA fills an SM (an fp8 cache at
-  // d128: its 8 warps' registers); the half-SM shared memory above still lets two fit.
+  // An fp8 cache's kernel is a programmatic dependent of the kernel ahead (decode_kernel.hpp).
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  static std::atomic<signed char> dependent_ok[2][2] = {};  // [softcap][paged]; 0: not asked
   config.attrs = attrs;
-  config.numAttrs =
-      sm80::decode_dependent_launch_ok(kernel, Traits::kThreads, smem, dependent_ok[softcap][paged]) ? 2 : 1;
+  config.numAttrs = Traits::kFp8 ? 2 : 1;
   // Whether the GPU can place a cluster of this size: asked once per variant and size.
   static std::atomic<signed char> fits[2][2][kDecodeClusterMaxSplits + 1] = {};  // 0: not asked
   std::atomic<signed char>& known = fits[softcap][paged][kp.num_splits];
