@@ -17,9 +17,9 @@
 namespace flashcpp::detail::cuda::sm80 {
 
 // Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
-// kDependentLaunch (sm90a translation units only, whose kernel waits for the kernel ahead):
-// an fp8 cache's decode kernel is a programmatic dependent of the kernel ahead in the stream
-// (decode_kernel.hpp says why only fp8).
+// kDependentLaunch (sm90a translation units' fp8 caches only, whose kernel waits for the
+// kernel ahead; decode_kernel.hpp says why only fp8): the decode kernel is a programmatic
+// dependent of the kernel ahead in the stream.
 template <class Element, int kHeadDim, class Cache = Element, bool kDependentLaunch = false>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, Cache>;
@@ -48,7 +48,7 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = kDependentLaunch && Traits::kFp8 ? 1 : 0;
+  config.numAttrs = kDependentLaunch ? 1 : 0;
   FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, kp));
   if (kp.num_splits > 1) {
     // The forward's combine merges the same [split, b, h, row, Dv] partials.
