@@ -29,7 +29,7 @@ SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "fa2": "FLASH_ATTENTION", "mem_eff"
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
 # Not in the default set: flashcpp with a deterministic backward, to time against "flashcpp";
 # cuDNN's FP8 forward (bench/cudnn_fp8_peer.py, --dtype e4m3 only).
-EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
+EXTRA_IMPLS = ("flashcpp_det", "flashcpp_fast", "cudnn_fp8")
 
 
 class InputSet:
@@ -428,6 +428,17 @@ class FlashcppDeterministicPeer(FlashcppPeer):
         return {**self._kw(), "deterministic": True}
 
 
+class FlashcppFastAccumPeer(FlashcppPeer):
+    """flashcpp's FP8 forward with fp8_fast_accum=True (O on the tensor cores along the row, as
+    FlashAttention-3 and cuDNN run FP8); --dtype e4m3 only."""
+
+    name = "flashcpp_fast"
+    takes_16bit = False
+
+    def _kw(self):
+        return {**super()._kw(), "fp8_fast_accum": True}
+
+
 class FlashcppEnvPeer(FlashcppPeer):
     """flashcpp with one environment variable set around each cell (its check and its timing),
     for variables flashcpp reads at every call, e.g. FLASHCPP_SM80_FWD_TILE_D256=64x64_4w: rows
@@ -510,6 +521,8 @@ def make_peers(names: Sequence[str], sdpa_layout: str = "bshd-view",
             peers.append(FlashcppPeer(flashcpp_backend))
         elif n == "flashcpp_det":
             peers.append(FlashcppDeterministicPeer(flashcpp_backend))
+        elif n == "flashcpp_fast":
+            peers.append(FlashcppFastAccumPeer(flashcpp_backend))
         elif n in SDPA_BACKENDS:
             peers.append(SdpaPeer(n, sdpa_layout))
         elif n == "flex":

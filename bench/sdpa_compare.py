@@ -31,9 +31,10 @@ import report as R  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_IMPLS = ("flashcpp", "cudnn", "fa2", "mem_eff", "flex")
 # Accepted by --impls but not run by default: flashcpp_det, flashcpp with a deterministic
-# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd; cudnn_fp8, cuDNN's
-# FP8 forward (bench/cudnn_fp8_peer.py), e.g. --dtype e4m3 --modes fwd --impls flashcpp,cudnn_fp8.
-EXTRA_IMPLS = ("flashcpp_det", "cudnn_fp8")
+# backward (bench/peers.py), e.g. --impls flashcpp,flashcpp_det --modes bwd; flashcpp_fast, the
+# FP8 forward with fp8_fast_accum; cudnn_fp8, cuDNN's FP8 forward (bench/cudnn_fp8_peer.py), e.g.
+# --dtype e4m3 --modes fwd --impls flashcpp,flashcpp_fast,cudnn_fp8.
+EXTRA_IMPLS = ("flashcpp_det", "flashcpp_fast", "cudnn_fp8")
 MIN_REPS = 100
 
 

@@ -67,8 +67,9 @@ unset(_tables)
 # TUs that read the table; the kernel name carries the tile.
 #  FLASHCPP_SM90_FWD_TILE_D<d>  the fp16/bf16 rows (kSm90FwdTiles), e.g. 176x2
 #  FLASHCPP_SM90_FP8_TILE_D<d>  the FP8 rows (kSm90FwdTilesFp8), e.g. 224x2
+#  FLASHCPP_SM90_FP8_FAST_TILE_D<d>  the FP8 fast-accumulation rows (kSm90FwdTilesFp8FastAccum)
 set(FLASHCPP_SM90_FWD_TILE_OVERRIDES "")
-function(flashcpp_sm90_fwd_tile_switches kind what)  # kind: FWD or FP8
+function(flashcpp_sm90_fwd_tile_switches kind what)  # kind: FWD, FP8 or FP8_FAST
   foreach(_d IN ITEMS 64 128 256)
     set(_var FLASHCPP_SM90_${kind}_TILE_D${_d})
     set(${_var} "" CACHE STRING
@@ -87,6 +88,7 @@ function(flashcpp_sm90_fwd_tile_switches kind what)  # kind: FWD or FP8
 endfunction()
 flashcpp_sm90_fwd_tile_switches(FWD "fp16/bf16")
 flashcpp_sm90_fwd_tile_switches(FP8 "FP8")
+flashcpp_sm90_fwd_tile_switches(FP8_FAST "FP8 fast-accumulation")
 # More sm90a forward A/B switches, head dims from which a code variant applies (empty: the
 # default of fwd_traits.hpp; 512: never), written to the same header (fwd_traits.hpp says what
 # they do):

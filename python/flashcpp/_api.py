@@ -49,16 +49,21 @@ def _is_fp8(x) -> bool:
     return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
 
 
-def _check_descales_eager(ops, descales):
-    # flashcpp.torch carries them (its fp8 op); JAX tracing does not.
-    if (ops is not None and getattr(ops, "__name__", "") != "flashcpp.torch"
-            and any(d is not None for d in descales)):
-        raise ValueError("q_descale, k_descale and v_descale are not supported with JAX "
-                         "tracing (fp8 inputs are for eager inference calls)")
+def _check_descales_eager(ops, descales, fp8_fast_accum=False, varlen=False):
+    # flashcpp.torch carries them (its fp8 op, padded calls only); JAX tracing does not.
+    if ops is None or not (fp8_fast_accum or any(d is not None for d in descales)):
+        return
+    if getattr(ops, "__name__", "") != "flashcpp.torch":
+        raise ValueError("q_descale, k_descale, v_descale and fp8_fast_accum are not supported "
+                         "with JAX tracing (fp8 inputs are for eager inference calls)")
+    if varlen:
+        raise ValueError("q_descale, k_descale, v_descale and fp8_fast_accum are not supported "
+                         "for varlen calls through flashcpp.torch's custom ops (torch.compile, "
+                         "autograd): call attention_varlen eagerly")
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
-             stream, out, lse_out, kwargs, descales=_native.NO_DESCALES):
+             stream, out, lse_out, kwargs, descales=_native.NO_DESCALES, fp8_fast_accum=False):
     fw = framework_of(q)
     q_shape, v_shape = shape_of(q, "q"), shape_of(v, "v")
     shape_of(k, "k")
@@ -88,7 +93,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, re
         _native.forward(q, k, v, out, lse_out,
                         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), kwargs,
                         handle, _workspace_allocator(fw, q, None if stream is None else handle),
-                        fw.export, descales)
+                        fw.export, descales, bool(fp8_fast_accum))
     return (out, lse_out) if return_lse else out
 
 
@@ -96,7 +101,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
               return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
               stream: Any = None, out: Any = None, lse_out: Any = None,
-              q_descale: Any = None, k_descale: Any = None, v_descale: Any = None):
+              q_descale: Any = None, k_descale: Any = None, v_descale: Any = None,
+              fp8_fast_accum: bool = False):
     """Exact attention, out [B, Nq, Hq, Dv] = softmax(scale * q k^T) v, in q's framework.
 
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (Hq a multiple of Hkv: GQA/MQA).
@@ -111,19 +117,23 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     fp8: q, k, v in float8_e4m3fn (all three) give out in bfloat16 (or out='s dtype, fp16);
     q_descale/k_descale/v_descale are float32 [B, Hkv] or [1] tensors on q's device (FA3's
     names), the factors the inputs are multiplied by. Inference only; on the CPU the float64
-    reference runs it (docs/semantics.md, "FP8").
+    reference runs it (docs/semantics.md, "FP8"). fp8_fast_accum=True lets the CUDA FP8
+    forward carry O in the tensor cores' accumulator along the row, as FlashAttention-3 and
+    cuDNN do: faster, but it loses small terms on long rows (docs/semantics.md, "FP8").
     """
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
     descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
-    _check_descales_eager(ops, descales)
+    _check_descales_eager(ops, descales, fp8_fast_accum)
     if ops is not None:
         fp8 = {} if all(d is None for d in descales) else dict(
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        if fp8_fast_accum:
+            fp8["fp8_fast_accum"] = True
         return ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
                              softcap=softcap, return_lse=return_lse, backend=backend, **fp8)
     return _forward(q, k, v, None, None, 0, 0, return_lse, stream, out, lse_out, kwargs,
-                    descales)
+                    descales, fp8_fast_accum)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -131,7 +141,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                      window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      return_lse: bool = False, backend: str = "auto", num_splits: int = 0,
                      stream: Any = None, out: Any = None, lse_out: Any = None,
-                     q_descale: Any = None, k_descale: Any = None, v_descale: Any = None):
+                     q_descale: Any = None, k_descale: Any = None, v_descale: Any = None,
+                     fp8_fast_accum: bool = False):
     """Attention over packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv].
 
     Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q (int32 [B + 1], same device as
@@ -141,7 +152,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
     descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
-    _check_descales_eager(ops, descales)
+    _check_descales_eager(ops, descales, fp8_fast_accum, varlen=True)
     if ops is not None:
         return ops.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -150,7 +161,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise TypeError("cu_seqlens_q and cu_seqlens_k: expected int32 arrays, got None")
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
-                    stream, out, lse_out, kwargs, descales)
+                    stream, out, lse_out, kwargs, descales, fp8_fast_accum)
 
 
 def _check_not_scalar(shape, name):

@@ -149,10 +149,12 @@ def _descale_kwargs(descales: Tuple) -> dict:
 def forward(q, k, v, out, lse, varlen: Tuple, options: dict, stream: int,
             allocate: Optional[Callable[[int], Any]],
             export: Optional[Callable[[Any], Any]] = None,
-            descales: Tuple = NO_DESCALES) -> RunInfo:
-    """Writes out (and lse unless None)."""
-    return _launch(True, (q, k, v, out, lse), varlen, options, stream, allocate, export,
-                   _descale_kwargs(descales))
+            descales: Tuple = NO_DESCALES, fp8_fast_accum: bool = False) -> RunInfo:
+    """Writes out (and lse unless None). fp8_fast_accum: AttentionOptions::fp8_fast_accum."""
+    fp8 = _descale_kwargs(descales)
+    if fp8_fast_accum:
+        fp8["fp8_fast_accum"] = True
+    return _launch(True, (q, k, v, out, lse), varlen, options, stream, allocate, export, fp8)
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, varlen: Tuple, options: dict, stream: int,

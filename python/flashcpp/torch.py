@@ -91,13 +91,13 @@ _export_tensor = framework_of(torch.empty(0)).export
 
 
 # ---- forward ops --------------------------------------------------------------------------
-def _run_forward(q, k, v, varlen, options,
-                 descales=_native.NO_DESCALES) -> Tuple[Tensor, Tensor]:
+def _run_forward(q, k, v, varlen, options, descales=_native.NO_DESCALES,
+                 fp8_fast_accum: bool = False) -> Tuple[Tensor, Tensor]:
     q, k, v = (_export(_last_dim_contiguous(t)) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, varlen=varlen[0] is not None)  # cu_seqlens_q given
     run = _native.forward
-    if any(d is not None for d in descales):
-        run = functools.partial(_native.forward, descales=descales)
+    if fp8_fast_accum or any(d is not None for d in descales):
+        run = functools.partial(_native.forward, descales=descales, fp8_fast_accum=fp8_fast_accum)
     _launch(run, q, q, k, v, out, lse, varlen, options)
     return out, lse
 
@@ -143,16 +143,17 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 def _attention_fp8_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
                        softmax_scale: Optional[float], window_left: int, window_right: int,
                        softcap: float, backend: str, q_descale: Optional[Tensor],
-                       k_descale: Optional[Tensor],
-                       v_descale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                       k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+                       fp8_fast_accum: bool = False) -> Tuple[Tensor, Tensor]:
     options = _native.options(causal, softmax_scale, (window_left, window_right), softcap,
                               backend)
-    return _run_forward(q, k, v, _native.PADDED, options, (q_descale, k_descale, v_descale))
+    return _run_forward(q, k, v, _native.PADDED, options, (q_descale, k_descale, v_descale),
+                        fp8_fast_accum)
 
 
 @_attention_fp8_fwd.register_fake
 def _attention_fp8_fwd_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
-                            backend, q_descale, k_descale, v_descale):
+                            backend, q_descale, k_descale, v_descale, fp8_fast_accum=False):
     return _forward_outputs(_last_dim_contiguous(q), v, varlen=False)
 
 
@@ -349,7 +350,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               softmax_scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
               softcap: float = 0.0, return_lse: bool = False, backend: str = "auto",
               deterministic: bool = False, q_descale: Optional[Tensor] = None,
-              k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None):
+              k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+              fp8_fast_accum: bool = False):
     """flashcpp.attention for torch tensors, differentiable and torch.compile-able.
 
     q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]; causal is bottom-right aligned.
@@ -358,13 +360,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     torch.use_deterministic_algorithms(True)).
     fp8: float8_e4m3fn q, k, v (out bfloat16) with q_descale/k_descale/v_descale float32
     [B, Hkv] or [1] tensors run through the op flashcpp::attention_fp8_fwd (inference only,
-    no gradient).
+    no gradient). fp8_fast_accum=True: O stays in the tensor cores' accumulator along the row
+    (faster; loses small terms on long rows: docs/semantics.md, "FP8").
     """
     o = _native.options(causal, softmax_scale, window, softcap, backend)
-    if q.dtype == _FP8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
+    if (q.dtype == _FP8 or fp8_fast_accum
+            or any(d is not None for d in (q_descale, k_descale, v_descale))):
         out, lse = torch.ops.flashcpp.attention_fp8_fwd(
             q, k, v, o["causal"], o["softmax_scale"], o["window_left"], o["window_right"],
-            o["softcap"], o["backend"], q_descale, k_descale, v_descale)
+            o["softcap"], o["backend"], q_descale, k_descale, v_descale, bool(fp8_fast_accum))
         return (out, lse) if return_lse else out
     if _direct_call_ok(q, k, v) and not (torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad)):

@@ -363,11 +363,12 @@ RunInfoTuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      int window_left, int window_right, float softcap, const std::string& backend,
                      int num_splits, bool deterministic, std::uintptr_t stream,
                      nb::handle workspace, nb::handle q_descale, nb::handle k_descale,
-                     nb::handle v_descale) {
+                     nb::handle v_descale, bool fp8_fast_accum) {
   Imports keep;
   const DescaleViews descales(q_descale, k_descale, v_descale, keep);
-  const AttentionOptions options = descales.applied(make_options(
+  AttentionOptions options = descales.applied(make_options(
       causal, softmax_scale, window_left, window_right, softcap, backend, num_splits, deterministic));
+  options.fp8_fast_accum = fp8_fast_accum;
   const TensorView qv = view_of(q, "q", false, keep);
   const TensorView kv = view_of(k, "k", false, keep);
   const TensorView vv = view_of(v, "v", false, keep);
@@ -546,6 +547,7 @@ NB_MODULE(_C, m) {
         nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
         nb::arg("max_seqlen_k") = 0, FLASHCPP_OPTION_ARGS, nb::arg("stream") = 0,
         nb::arg("workspace").none() = nb::none(), FLASHCPP_DESCALE_ARGS,
+        nb::arg("fp8_fast_accum") = false,
         "Writes out (and lse when given); returns (backend, kernel, num_splits).");
 
   // Attention against a KV cache (flashcpp/kvcache.hpp): block_table for a paged cache,

@@ -406,6 +406,10 @@ ForwardParams validate_forward(const ForwardTensors& t, const AttentionOptions& 
   p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, p.batch, heads_kv);
   p.k_descale = check_descale(options.descale.k, "k_descale", t.k, "k", t.q, p.batch, heads_kv);
   p.v_descale = check_descale(options.descale.v, "v_descale", t.v, "v", t.q, p.batch, heads_kv);
+  if (options.fp8_fast_accum && !is_fp8(t.q))
+    fail("fp8_fast_accum: set, but q is ", dtype_name(t.q.dtype),
+         " (it applies to the forward with fp8_e4m3 q, k, v only)");
+  p.fp8_fast_accum = options.fp8_fast_accum;
   apply_options(p, options, t.q);
   if (outputs == Outputs::given)
     check_no_overlap({{&t.out, "out"}, {t.lse, "lse"}},
@@ -637,6 +641,9 @@ KVCacheParams validate_kvcache(const KVCacheTensors& t, const AttentionOptions& 
   p.q_descale = check_descale(options.descale.q, "q_descale", t.q, "q", t.q, batch, heads_kv);
   p.k_descale = check_descale(options.descale.k, "k_descale", t.k_cache, "k_cache", t.q, batch, heads_kv);
   p.v_descale = check_descale(options.descale.v, "v_descale", t.v_cache, "v_cache", t.q, batch, heads_kv);
+  if (options.fp8_fast_accum)
+    fail("fp8_fast_accum: set, but the KV cache takes 16-bit q (it applies to the forward with "
+         "fp8_e4m3 q, k, v only)");
   p.batch = static_cast<int>(batch);
   p.seqlen_q = static_cast<int>(nnew);
   p.seqlen_k = static_cast<int>(capacity);

@@ -76,6 +76,8 @@ struct ForwardParams {
   // fp8 inputs: q * q_descale, k * k_descale, v * v_descale (last: the fields above keep the
   // offsets the kernels were tuned with).
   Descale q_descale, k_descale, v_descale;
+  // fp8 forward: O may stay in the tensor cores' accumulator (AttentionOptions::fp8_fast_accum).
+  bool fp8_fast_accum = false;
 
   // Per-sequence key counts on the device (a KV cache's lengths): sequence b of an otherwise
   // padded batch sees keys [0, min(seqused_k[b] + seqused_k_add, seqlen_k)). CUDA runs such a

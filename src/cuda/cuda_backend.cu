@@ -189,7 +189,7 @@ Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   plan.splits_optional = p.num_splits <= 0;
   plan.num_splits = fp8 ? 1 : plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
   plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1, false,
-                                      sm90::fwd_runs_short_tile(k, p, plan.num_splits, false));
+                                      sm90::fwd_tile_row(k, p, plan.num_splits, false));
   plan.workspace_bytes = fp8_vt_workspace_bytes(p) + split_workspace_bytes(p, plan.num_splits) +
                          (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
@@ -282,7 +282,9 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm90,
-          sm90::fwd_kernel_name(kernel, splits > 1, is_paged, kp.short_tile), splits};
+          sm90::fwd_kernel_name(kernel, splits > 1, is_paged,
+                                sm90::fwd_tile_row(kernel, params, splits, is_paged)),
+          splits};
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,

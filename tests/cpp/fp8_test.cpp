@@ -222,6 +222,7 @@ struct Fp8Forward {
   float softcap = 0.0f;
   bool varlen = false;
   DType out_dtype = DType::bf16;
+  bool fast_accum = false;  // allowed, and the reference stays exact
 };
 
 void check_fp8_forward(const Fp8Forward& f) {
@@ -278,6 +279,7 @@ void check_fp8_forward(const Fp8Forward& f) {
   const TensorView dqv = dq.view(), dkv = dk.view(), dvv = dv.view();
   AttentionOptions o8 = o;
   o8.descale = {&dqv, &dkv, &dvv};
+  o8.fp8_fast_accum = f.fast_accum;
   o.backend = Backend::cpu_reference;
   const TensorView lse8v = lse8.view(), lse32v = lse32.view();
   RunInfo info;
@@ -316,6 +318,14 @@ TEST(Fp8Reference, VarlenForwardPerSequenceDescales) {
   Fp8Forward f;
   f.varlen = true;
   f.causal = true;
+  check_fp8_forward(f);
+}
+
+TEST(Fp8Reference, FastAccumulationIsExactOnTheCpu) {
+  Fp8Forward f;
+  f.fast_accum = true;
+  check_fp8_forward(f);
+  f.varlen = true;
   check_fp8_forward(f);
 }
 
@@ -365,6 +375,11 @@ TEST(Fp8Errors, ForwardArguments) {
   b16.descale.v = &g;
   EXPECT_ERROR(forward(qb.view(), kb.view(), kb.view(), ob.view(), nullptr, b16),
                "v_descale: given, but v is bf16 (descales apply to fp8_e4m3 tensors only)");
+  AttentionOptions fast = o;
+  fast.fp8_fast_accum = true;
+  EXPECT_NO_THROW(forward(q.view(), k.view(), v.view(), out.view(), nullptr, fast));
+  EXPECT_ERROR(forward(qb.view(), kb.view(), kb.view(), ob.view(), nullptr, fast),
+               "fp8_fast_accum: set, but q is bf16 (it applies to the forward with fp8_e4m3 q, k, v only)");
 }
 
 TEST(Fp8Errors, BackwardRefusesFp8) {
@@ -380,6 +395,11 @@ TEST(Fp8Errors, BackwardRefusesFp8) {
   EXPECT_ERROR(backward(qb.view(), qb.view(), qb.view(), out.view(), out.view(), lse.view(), g.view(),
                         g.view(), g.view(), o),
                "the backward takes no descales");
+  AttentionOptions fast;
+  fast.fp8_fast_accum = true;
+  EXPECT_ERROR(backward(qb.view(), qb.view(), qb.view(), out.view(), out.view(), lse.view(), g.view(),
+                        g.view(), g.view(), fast),
+               "fp8_fast_accum: set, but q is bf16");
 }
 
 TEST(Fp8Errors, KvCacheArguments) {
@@ -401,6 +421,9 @@ TEST(Fp8Errors, KvCacheArguments) {
   o.descale.k = &sv;
   EXPECT_ERROR(attention_with_kvcache({q.view(), cache_b.view(), cache_b.view(), lens.view(), out.view()}, o),
                "k_descale: given, but k_cache is bf16");
+  AttentionOptions fast;
+  fast.fp8_fast_accum = true;
+  EXPECT_ERROR(attention_with_kvcache(ok, fast), "fp8_fast_accum: set, but the KV cache takes 16-bit q");
 }
 
 }  // namespace

@@ -190,10 +190,12 @@ def per_head_t(descale, heads_q):
     return descale.repeat_interleave(heads_q // descale.shape[1], dim=1)[:, None, :, None]
 
 
-def expected_fp8_forward(q, k, v, dq, dk, dv, causal):
+def expected_fp8_forward(q, k, v, dq, dk, dv, causal, fast_accum=False):
     """float64 attention of the dequantised inputs, and the FP8 bound of docs/semantics.md per
     element of out (the tensor cores' score error E = 2^-8 x scale x descales x sum |q_c k_c|
-    of the codes, e4m3 P with its subnormals, the P V sums; |v - ref| <= |v| + |ref| here)."""
+    of the codes, e4m3 P with its subnormals, the P V sums; |v - ref| <= |v| + |ref| here).
+    fast_accum: the P V term for O carried along the row, (ceil(n / 32) + 8) x 2^-8 with n
+    the row's visible keys (here Nk for every row: an upper bound)."""
     Hq = q.shape[2]
     qc, kc, vc = (t.cpu().double().numpy() for t in (q, k, v))
     group = Hq // kc.shape[2]
@@ -223,7 +225,8 @@ def expected_fp8_forward(q, k, v, dq, dk, dv, causal):
     rel = np.einsum("bhqk,bkhd->bqhd", w * f, av)
     subnormal = np.exp(e_hat[..., 0]).transpose(0, 2, 1)[..., None] * \
         np.einsum("bhqk,bkhd->bqhd", sub, av)
-    bound = 2.0**-8 * np.abs(ref) + moved + (2.0**-4 + 2.0**-8) * rel + subnormal + 1e-3
+    pv_steps = np.ceil(kc.shape[1] / 32) + 8 if fast_accum else 1
+    bound = 2.0**-8 * np.abs(ref) + moved + (2.0**-4 + 2.0**-8 * pv_steps) * rel + subnormal + 1e-3
     return ref, bound
 
 
@@ -234,26 +237,26 @@ def sm90_available():
 
 @pytest.mark.skipif(not sm90_available(), reason="needs a Hopper (sm90) GPU")
 @pytest.mark.parametrize("causal", [False, True])
-def test_forward_fp8_on_cuda(causal):
+@pytest.mark.parametrize("fast", [False, True])
+def test_forward_fp8_on_cuda(causal, fast):
     """flashcpp.attention, flashcpp.torch.attention (the custom op) and a torch.compile'd call
     on float8_e4m3fn CUDA tensors with descale tensors: the sm90a FP8 forward, within the FP8
-    bound of docs/semantics.md (expected_fp8_forward)."""
+    bound of docs/semantics.md (expected_fp8_forward); fast: fp8_fast_accum=True."""
     import flashcpp.torch as fa
 
     q, k, v, dq, dk, dv = fp8_forward_case("cuda")
-    want, bound = expected_fp8_forward(q, k, v, dq, dk, dv, causal)
-    calls = [lambda: flashcpp.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
-                                        v_descale=dv),
-             lambda: fa.attention(q, k, v, causal=causal, q_descale=dq, k_descale=dk,
-                                  v_descale=dv),
-             torch.compile(lambda: fa.attention(q, k, v, causal=causal, q_descale=dq,
-                                                k_descale=dk, v_descale=dv), fullgraph=True)]
+    want, bound = expected_fp8_forward(q, k, v, dq, dk, dv, causal, fast)
+    kw = dict(causal=causal, q_descale=dq, k_descale=dk, v_descale=dv, fp8_fast_accum=fast)
+    calls = [lambda: flashcpp.attention(q, k, v, **kw),
+             lambda: fa.attention(q, k, v, **kw),
+             torch.compile(lambda: fa.attention(q, k, v, **kw), fullgraph=True)]
     for i, call in enumerate(calls):
         out = call()
         assert out.dtype == torch.bfloat16
         if i == 0:
             info = flashcpp.last_run_info()
             assert info.backend == "cuda_sm90" and "fp8_e4m3" in info.kernel, info
+            assert info.kernel.endswith("_fastaccum") == fast, info
         err = np.abs(out.float().cpu().numpy() - want)
         assert (err <= bound).all(), (i, err.max())
 
@@ -271,3 +274,29 @@ def test_forward_fp8_custom_op_on_cpu():
     torch.library.opcheck(torch.ops.flashcpp.attention_fp8_fwd.default,
                           (q, k, v, True, None, -1, -1, 0.0, "auto", dq, dk, dv),
                           test_utils=("test_faketensor",))
+    torch.library.opcheck(torch.ops.flashcpp.attention_fp8_fwd.default,
+                          (q, k, v, True, None, -1, -1, 0.0, "auto", dq, dk, dv, True),
+                          test_utils=("test_faketensor",))
+
+
+def test_forward_fp8_fast_accum_on_cpu():
+    """fp8_fast_accum=True is accepted for fp8 inputs (the CPU's float64 reference computes
+    exactly either way: the same out), through flashcpp.attention, attention_varlen and the
+    custom op; for 16-bit inputs it is an error naming it."""
+    import flashcpp.torch as fa
+
+    q, k, v, dq, dk, dv = fp8_forward_case("cpu", Nq=17, Nk=40, D=64)
+    kw = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    want = flashcpp.attention(q, k, v, **kw)
+    for call in (flashcpp.attention, fa.attention):
+        assert torch.equal(call(q, k, v, fp8_fast_accum=True, **kw), want)
+    cu = torch.tensor([0, 17], dtype=torch.int32)
+    cuk = torch.tensor([0, 40], dtype=torch.int32)
+    varlen = flashcpp.attention_varlen(q[0], k[0], v[0], cu, cuk, 17, 40, causal=True,
+                                       q_descale=dq[:1], k_descale=dk[:1], v_descale=dv,
+                                       fp8_fast_accum=True)
+    assert torch.equal(varlen, want[0])
+    qb = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    for call in (flashcpp.attention, fa.attention):
+        with pytest.raises(flashcpp.Error, match="fp8_fast_accum: set, but q is bf16"):
+            call(qb, qb, qb, fp8_fast_accum=True)

@@ -61,10 +61,14 @@ inline const FwdKernel* find_fwd_kernel(const ForwardParams& p) {
                                 p.head_dim, p.head_dim_v);
 }
 
-// The tile of an instantiation.
-inline Sm90FwdTile fwd_tile_of(const FwdKernel& k) {
-  return k.dtype == ElementType::fp8_e4m3 ? sm90_fwd_tile_fp8(k.head_dim, k.head_dim_v)
-                                          : sm90_fwd_tile(k.head_dim, k.head_dim_v);
+// The tile of an instantiation's row.
+inline Sm90FwdTile fwd_tile_of(const FwdKernel& k, FwdTileRow row = FwdTileRow::table) {
+  if (row == FwdTileRow::fp8_fast_accum)
+    return sm90_fwd_tile_fp8_fast_accum(k.head_dim, k.head_dim_v);
+  const Sm90FwdTile t = k.dtype == ElementType::fp8_e4m3
+                            ? sm90_fwd_tile_fp8(k.head_dim, k.head_dim_v)
+                            : sm90_fwd_tile(k.head_dim, k.head_dim_v);
+  return row == FwdTileRow::short_call ? sm90_fwd_short_tile(t) : t;
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
@@ -141,6 +145,13 @@ inline bool fwd_runs_short_tile(const FwdKernel& k, const ForwardParams& p, int 
          p.seqused_k == nullptr && sm90_fwd_short_call(fwd_tile_of(k), masked, p.seqlen_k);
 }
 
+// The row a call runs (run_fwd, fwd_launch.cuh, makes the same choice).
+inline FwdTileRow fwd_tile_row(const FwdKernel& k, const ForwardParams& p, int splits,
+                               bool paged) {
+  if (k.dtype == ElementType::fp8_e4m3 && p.fp8_fast_accum) return FwdTileRow::fp8_fast_accum;
+  return fwd_runs_short_tile(k, p, splits, paged) ? FwdTileRow::short_call : FwdTileRow::table;
+}
+
 inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
   const int block_m = fwd_tile_of(k).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
@@ -149,10 +160,11 @@ inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;
 // "..._hdim192x128_..." for D 192, Dv 128; "..._ws_paged..." over a paged KV cache; FP8 with
 // P V chunks "sm90_fwd_fp8_e4m3_hdim256_128x96_s2_pv32x2_ws": chunk width x temporaries;
-// the short-call tile "sm90_fwd_bf16_hdim256_128x64_s2_ws").
+// the short-call tile "sm90_fwd_bf16_hdim256_128x64_s2_ws"; FP8's fast-accumulation row
+// "sm90_fwd_fp8_e4m3_hdim256_128x128_s2_ws_fastaccum").
 inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool paged = false,
-                                   bool short_tile = false) {
-  const Sm90FwdTile t = short_tile ? sm90_fwd_short_tile(fwd_tile_of(k)) : fwd_tile_of(k);
+                                   FwdTileRow row = FwdTileRow::table) {
+  const Sm90FwdTile t = fwd_tile_of(k, row);
   const std::string pv_chunks =
       t.pv_chunk > 0 ? "_pv" + std::to_string(t.pv_chunk) + "x" +
                            std::to_string(std::min(t.pv_temps, t.head_dim_v / t.pv_chunk))
@@ -160,8 +172,8 @@ inline const char* fwd_kernel_name(const FwdKernel& k, bool split = false, bool 
   return intern_name(std::string("sm90_fwd_") + dtype_name(k.dtype) +
                      "_hdim" + head_dim_tag(k) + "_" + std::to_string(t.block_m) +
                      "x" + std::to_string(t.block_n) + "_s" + std::to_string(t.stages) +
-                     pv_chunks + "_ws" +
-                     (paged ? "_paged" : "") + (split ? "_splitkv" : ""));
+                     pv_chunks + "_ws" + (paged ? "_paged" : "") + (split ? "_splitkv" : "") +
+                     (row == FwdTileRow::fp8_fast_accum ? "_fastaccum" : ""));
 }
 
 }  // namespace flashcpp::detail::cuda::sm90

@@ -130,16 +130,26 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
 // split-KV calls (kSplit: the epilogue writes partials for the combine).
 // A paged KV cache (kp.paged) runs the varlen instantiation with paged K/V loads. FP8 runs
-// unsplit and unpaged only (the planner plans neither for it).
+// unsplit and unpaged only (the planner plans neither for it), on its fast-accumulation row
+// where the call allows it.
 template <class Element, int kHeadDim, int kHeadDimV>
 void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   if constexpr (std::is_same_v<Element, cutlass::float_e4m3_t>) {
     if (kp.num_splits > 1 || kp.paged.block_table != nullptr)
       throw Error("fp8 forward: no split-KV or paged instantiation (planner error)");
-    if (kp.p.is_varlen())
+    constexpr FwdTileRow kFast = FwdTileRow::fp8_fast_accum;
+    const bool varlen = kp.p.is_varlen();
+    if (kp.p.fp8_fast_accum) {
+      if (varlen)
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, false, kFast>, false>(kp, stream);
+      else
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, kFast>, false>(kp,
+                                                                                        stream);
+    } else if (varlen) {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true>, false>(kp, stream);
-    else
+    } else {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, false>(kp, stream);
+    }
   } else {
     const bool split = kp.num_splits > 1;
     if (kp.paged.block_table != nullptr) {
@@ -156,8 +166,8 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
     } else if (kp.short_tile) {
       if constexpr (sm90_fwd_tile(kHeadDim, kHeadDimV).short_block_n > 0)
-        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, true>, false>(kp,
-                                                                                      stream);
+        launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, FwdTileRow::short_call>,
+                   false>(kp, stream);
       else
         throw Error("sm90 forward: no short-call tile for this head dim (planner error)");
     } else {

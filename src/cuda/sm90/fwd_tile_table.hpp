@@ -167,6 +167,43 @@ constexpr Sm90FwdTile sm90_fwd_tile_fp8(int head_dim, int head_dim_v) {
   return tile_for_head_dims(kSm90FwdTilesFp8, head_dim, head_dim_v);
 }
 
+// The FP8 rows of calls that allow fast accumulation (AttentionOptions::fp8_fast_accum): O is
+// the tensor cores' P V accumulator along the whole row (pv_chunk 0), as FlashAttention-3 and
+// cuDNN run FP8. Without the per-block sum's temporaries d256 takes 128-key blocks (S 64 + P 16
+// + O 128 registers; 128 / 456 bytes of spill stores, padded / varlen), 4-5% faster than 96
+// keys on the H100; d128 keeps 128 keys (192 or 224 were no faster at 4k).
+// cmake -DFLASHCPP_SM90_FP8_FAST_TILE_D256=96x2 sets them like the rows above.
+#ifndef FLASHCPP_SM90_FP8_FAST_D64_BLOCK_N
+#define FLASHCPP_SM90_FP8_FAST_D64_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FP8_FAST_D64_STAGES
+#define FLASHCPP_SM90_FP8_FAST_D64_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_FAST_D128_BLOCK_N
+#define FLASHCPP_SM90_FP8_FAST_D128_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FP8_FAST_D128_STAGES
+#define FLASHCPP_SM90_FP8_FAST_D128_STAGES 2
+#endif
+#ifndef FLASHCPP_SM90_FP8_FAST_D256_BLOCK_N
+#define FLASHCPP_SM90_FP8_FAST_D256_BLOCK_N 128
+#endif
+#ifndef FLASHCPP_SM90_FP8_FAST_D256_STAGES
+#define FLASHCPP_SM90_FP8_FAST_D256_STAGES 2
+#endif
+inline constexpr Sm90FwdTile kSm90FwdTilesFp8FastAccum[] = {
+    {64, 64, 128, FLASHCPP_SM90_FP8_FAST_D64_BLOCK_N, FLASHCPP_SM90_FP8_FAST_D64_STAGES},
+    {128, 128, 128, FLASHCPP_SM90_FP8_FAST_D128_BLOCK_N, FLASHCPP_SM90_FP8_FAST_D128_STAGES},
+    {256, 256, 128, FLASHCPP_SM90_FP8_FAST_D256_BLOCK_N, FLASHCPP_SM90_FP8_FAST_D256_STAGES},
+};
+constexpr Sm90FwdTile sm90_fwd_tile_fp8_fast_accum(int head_dim, int head_dim_v) {
+  return tile_for_head_dims(kSm90FwdTilesFp8FastAccum, head_dim, head_dim_v);
+}
+
+// Which row of its head dims an instantiation runs: the table's, the short-call key block
+// (fp16/bf16, sm90_fwd_short_call) or the FP8 fast-accumulation row.
+enum class FwdTileRow { table, short_call, fp8_fast_accum };
+
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
   return (t.block_m * t.head_dim + t.stages * t.block_n * (t.head_dim + t.head_dim_v)) *
@@ -181,5 +218,7 @@ static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(128, 128), 1) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(256, 256), 1) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8_fast_accum(128, 128), 1) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8_fast_accum(256, 256), 1) <= 227 * 1024);
 
 }  // namespace flashcpp::detail::cuda

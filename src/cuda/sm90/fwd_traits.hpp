@@ -33,10 +33,11 @@ using namespace cute;
 // kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
 // arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
 // the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
-// kShort_: the padded, unsplit instantiation of the row's short-call key block
-// (sm90_fwd_short_call, fwd_tile_table.hpp).
+// kRow_: which tile of the head dims (fwd_tile_table.hpp): the table's; short_call, the padded,
+// unsplit instantiation of the row's short-call key block (sm90_fwd_short_call);
+// fp8_fast_accum, the FP8 row without the per-block P V sum (O on the tensor cores).
 template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
-          bool kPaged_ = false, bool kShort_ = false>
+          bool kPaged_ = false, FwdTileRow kRow_ = FwdTileRow::table>
 struct FwdTraits {
   using Element = Element_;
   static constexpr bool kFp8 = std::is_same_v<Element, cutlass::float_e4m3_t>;
@@ -45,11 +46,15 @@ struct FwdTraits {
   static constexpr bool kPaged = kPaged_;
   static_assert(kVarlen || !kPaged, "a paged cache runs as varlen over per-sequence key counts");
   static_assert(!(kFp8 && kPaged), "the FP8 forward has no paged instantiation");
-  static constexpr Sm90FwdTile kTableTile = kFp8 ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
-                                                 : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
-  static_assert(!kShort_ || (kTableTile.short_block_n > 0 && !kVarlen_),
+  static_assert(kRow_ != FwdTileRow::fp8_fast_accum || kFp8, "the fast-accumulation rows are FP8's");
+  static constexpr Sm90FwdTile kTableTile =
+      kRow_ == FwdTileRow::fp8_fast_accum ? sm90_fwd_tile_fp8_fast_accum(kHeadDim_, kHeadDimV_)
+      : kFp8                              ? sm90_fwd_tile_fp8(kHeadDim_, kHeadDimV_)
+                                          : sm90_fwd_tile(kHeadDim_, kHeadDimV_);
+  static constexpr bool kShort = kRow_ == FwdTileRow::short_call;
+  static_assert(!kShort || (kTableTile.short_block_n > 0 && !kVarlen_),
                 "a short-call instantiation: padded, of a row that has a short key block");
-  static constexpr Sm90FwdTile kTile = kShort_ ? sm90_fwd_short_tile(kTableTile) : kTableTile;
+  static constexpr Sm90FwdTile kTile = kShort ? sm90_fwd_short_tile(kTableTile) : kTableTile;
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
                 "head dims must be an sm90 tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
@@ -73,6 +78,9 @@ struct FwdTraits {
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
                 "rows of 64 elements (128 B) for the 128-byte swizzle");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the k extent of O += P V");
+  static_assert(!kFp8 || kBlockN <= 128,
+                "a sequence's last FP8 key block reads at most 128 zero V^T columns past it "
+                "(fp8_vt_layout.hpp)");
 
   // Consumer warpgroups take turns issuing their GEMMs (fwd_mainloop.hpp) where the softmax is
   // as long as the products; at d256 the products dominate and FA3 finds no gain either.
