@@ -246,6 +246,7 @@ inline Outputs reference(const Fp8Case& c, Fp8Data& d) {
   HostTensor& v = d.v32;
   AttentionOptions o = options_of(c);
   o.backend = Backend::cpu_reference;
+  o.fp8_fast_accum = false;  // float32 inputs: exact either way, and the option is fp8's
   const TensorView lse = r.lse.view();
   if (c.varlen())
     forward_varlen(d.q32.view(), d.k32.view(), v.view(), r.out.view(), &lse, d.cu_q.view(), d.cu_k.view(),
@@ -307,7 +308,10 @@ inline Outputs run_gpu(const Fp8Case& c, Fp8Data& d, RunInfo* info = nullptr, bo
   AttentionOptions o = options_of(c);
   o.backend = Backend::cuda_sm90;
   if (!bf16_inputs && c.descales > 0) o.descale = {&dq.view, &dk.view, &dv.view};
-  if (bf16_inputs) o.num_splits = 1;
+  if (bf16_inputs) {
+    o.num_splits = 1;
+    o.fp8_fast_accum = false;
+  }
   std::size_t ws_bytes = 0;
   std::unique_ptr<OnDevice> cu_q, cu_k;
   if (c.varlen()) {

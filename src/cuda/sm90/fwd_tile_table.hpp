@@ -170,7 +170,7 @@ constexpr Sm90FwdTile sm90_fwd_tile_fp8(int head_dim, int head_dim_v) {
 // The FP8 rows of calls that allow fast accumulation (AttentionOptions::fp8_fast_accum): O is
 // the tensor cores' P V accumulator along the whole row (pv_chunk 0), as FlashAttention-3 and
 // cuDNN run FP8. Without the per-block sum's temporaries d256 takes 128-key blocks (S 64 + P 16
-// + O 128 registers; 128 / 456 bytes of spill stores, padded / varlen), 4-5% faster than 96
+// + O 128 registers; 72 / 104 bytes of spill stores, padded / varlen), 4-5% faster than 96
 // keys on the H100; d128 keeps 128 keys (192 or 224 were no faster at 4k).
 // cmake -DFLASHCPP_SM90_FP8_FAST_TILE_D256=96x2 sets them like the rows above.
 #ifndef FLASHCPP_SM90_FP8_FAST_D64_BLOCK_N
