@@ -52,7 +52,7 @@ struct AttentionOptions {
   Descales descale;
   // Forward with fp8_e4m3 q, k, v only: lets the CUDA FP8 forward carry O in the tensor cores'
   // accumulator along the whole row, as FlashAttention-3 and cuDNN do (torch's
-  // `use_fast_accum`): faster (D 256 +20-25% on an H100), but the tensor cores' FP8 adder
+  // `use_fast_accum`): faster (D 256 +18-21% on an H100), but the tensor cores' FP8 adder
   // keeps ~13 bits below the running sum, so once O is large against one key block's terms
   // those terms are lost: a row of flat attention (P = 1, v = 1) stops growing at ~2^14 keys.
   // Off (the default), each key block's P V is added to O in fp32. docs/semantics.md, "FP8".
