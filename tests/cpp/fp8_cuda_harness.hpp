@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -404,7 +405,8 @@ inline Fp8Bound fp8_bound(const Fp8Case& c, const Fp8Data& d, const Outputs& ref
   bound.lse.assign(static_cast<std::size_t>(ref.lse.numel()), 0.0);
   const std::vector<int> lq = lengths_q(c), lk = lengths_k(c);
   const int group = c.Hq / c.Hkv, D = c.D;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const std::optional<float> case_scale = options_of(c).softmax_scale;  // exact P sets one
+  const double scale = case_scale ? double(*case_scale) : 1.0 / std::sqrt(static_cast<double>(D));
   const int left = c.window_left, right = c.causal ? 0 : c.window_right;
   const auto descale = [&](const HostTensor& f, int b, int hk) {
     return static_cast<double>(f.numel() == 1 ? f.get(0) : f.get(std::int64_t{b} * c.Hkv + hk));

@@ -144,17 +144,22 @@ TEST(CudaFp8Forward, GaussianAllOptions) {
 // within the FP8 bound with the running sum's rounding (fp8_bound).
 TEST(CudaFp8Forward, FastAccumulation) {
   SKIP_WITHOUT_FP8_FORWARD();
-  for (Inputs inputs : {Inputs::exact_p, Inputs::gaussian, Inputs::outliers})
-    for (int d : {64, 128, 256}) {
+  for (int d : {64, 128, 256})
+    for (Inputs inputs : {Inputs::exact_p, Inputs::gaussian}) {
       Fp8Case c;
       c.fast_accum = true;
       c.inputs = inputs;
       c.D = d;
-      c.Nq = 333;
+      c.Nq = 130;
       c.Nk = 700;  // several key blocks, a partial last one
       c.causal = d != 128;
       check(c);
     }
+  Fp8Case o;
+  o.fast_accum = true;
+  o.inputs = Inputs::outliers;
+  o.D = 128;
+  check(o);
   Fp8Case c;
   c.fast_accum = true;
   c.inputs = Inputs::gaussian;
