@@ -3,7 +3,9 @@
 // serialization may start before the kernel ahead of it in the stream has finished, once every
 // CTA of that kernel has allowed it (or exited); it must wait for that kernel's results before
 // reading them. The split-KV combine uses it so that its launch overlaps the main kernel's
-// tail instead of following it. On older GPUs both calls compile to nothing, and a kernel
+// tail instead of following it. On older GPUs both calls compile to nothing, and so they do
+// in the sm80 translation units' code for Hopper (compiled from compute_80 PTX): only sm90a
+// code may be launched as a dependent that reads the results of the kernel ahead. A kernel
 // launched without the attribute returns from the wait at once.
 
 namespace flashcpp::detail::cuda {

@@ -26,9 +26,15 @@ inline std::int64_t combine_warps(const ForwardParams& p) {
   return std::int64_t(p.batch) * p.heads_q * p.seqlen_q * ((p.head_dim_v + 31) / 32);
 }
 
-template <class Element>
+// kSm90Code: instantiated by an sm90a translation unit. The sm80 ones compile it from
+// compute_80 PTX, where wait_for_kernel_ahead() is a no-op; the distinct template argument
+// keeps the two codes apart as symbols (decode_kernel.hpp, kSm90Code).
+template <class Element, bool kSm90Code>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     fwd_combine_kernel(const __grid_constant__ FwdKernelParams kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(!kSm90Code, "an sm90a instantiation compiled for an older architecture");
+#endif
   const ForwardParams& p = kp.p;
   const int lane = threadIdx.x % 32;
   const int col_groups = (p.head_dim_v + 31) / 32;
@@ -89,8 +95,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 
 // Launches the combine after the kernel that wrote the partials. With `overlap` (sm90+) it is
 // a programmatic dependent of that kernel: its CTAs launch while the main kernel drains and
-// wait in the kernel for its results, which hides the launch gap of split calls.
-template <class Element>
+// wait in the kernel for its results, which hides the launch gap of split calls. Only code
+// compiled for sm90a can wait (kSm90Code): the sm80 translation units' combine, which also
+// runs on Hopper (compiled from compute_80 PTX), is launched in stream order.
+template <class Element, bool kSm90Code>
 void launch_combine(const FwdKernelParams& kp, bool overlap, cudaStream_t stream) {
   const std::int64_t blocks = (combine_warps(kp.p) + kCombineWarps - 1) / kCombineWarps;
   if (blocks > INT_MAX) throw Error("cuda split-KV combine: grid too large");
@@ -102,8 +110,8 @@ void launch_combine(const FwdKernelParams& kp, bool overlap, cudaStream_t stream
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = overlap ? 1 : 0;
-  FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, fwd_combine_kernel<Element>, kp));
+  config.numAttrs = overlap && kSm90Code ? 1 : 0;
+  FLASHCPP_CUDA_CHECK(cudaLaunchKernelEx(&config, fwd_combine_kernel<Element, kSm90Code>, kp));
 }
 
 }  // namespace flashcpp::detail::cuda

@@ -94,9 +94,17 @@ __device__ __forceinline__ void l2_prefetch_first_block(const KVCacheParams& p, 
 // kClusterCombine (sm90 builds only): the splits of a tile run as one cluster and merge
 // through distributed shared memory (sm90/decode_cluster_combine.hpp) instead of writing
 // partials for the combine kernel.
-template <class Traits, bool kSoftcap, bool kPaged, bool kClusterCombine = false>
+// kSm90Code: instantiated by an sm90a translation unit (sm90/decode_launch.cuh). The sm80
+// translation units compile the same template from compute_80 PTX, where the dependent-launch
+// wait and trigger are no-ops; a distinct template argument keeps the two codes apart as
+// symbols, so a launch from sm90a code never runs the sm80 code of the same name.
+template <class Traits, bool kSoftcap, bool kPaged, bool kClusterCombine = false,
+          bool kSm90Code = kClusterCombine>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kTile.ctas_per_sm)
     decode_kernel(const __grid_constant__ KVCacheKernelParams kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(!kSm90Code, "an sm90a instantiation compiled for an older architecture");
+#endif
   using Element = typename Traits::Element;
   using Cache = typename Traits::Cache;
   constexpr bool kFp8 = Traits::kFp8;

@@ -19,15 +19,19 @@ namespace flashcpp::detail::cuda::sm80 {
 // Cache: the caches' element type (Element, or std::uint8_t for an e4m3 cache).
 // kDependentLaunch (sm90a translation units' fp8 caches only, whose kernel waits for the
 // kernel ahead; decode_kernel.hpp says why only fp8): the decode kernel is a programmatic
-// dependent of the kernel ahead in the stream.
+// dependent of the kernel ahead in the stream. It also marks the caller as sm90a code: the
+// kernel and the combine are then that code's own instantiations (kSm90Code).
 template <class Element, int kHeadDim, class Cache = Element, bool kDependentLaunch = false>
 void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, Cache>;
+  constexpr bool kSm90 = kDependentLaunch;
   const KVCacheParams& p = kp.p;
   if (p.appends()) launch_kvcache_append<Element, Cache>(kp, stream);
   const bool softcap = kp.softcap_in_scale != 0.f, paged = p.paged();
-  const auto kernel = softcap ? (paged ? &decode_kernel<Traits, true, true> : &decode_kernel<Traits, true, false>)
-                              : (paged ? &decode_kernel<Traits, false, true> : &decode_kernel<Traits, false, false>);
+  const auto kernel = softcap ? (paged ? &decode_kernel<Traits, true, true, false, kSm90>
+                                       : &decode_kernel<Traits, true, false, false, kSm90>)
+                              : (paged ? &decode_kernel<Traits, false, true, false, kSm90>
+                                       : &decode_kernel<Traits, false, false, false, kSm90>);
   constexpr int smem = Traits::kSmemBytes;
   if constexpr (smem > 40 * 1024)  // dynamic + static (merge arrays) above 48 KB must opt in
     FLASHCPP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -57,7 +61,7 @@ void run_decode(const KVCacheKernelParams& kp, cudaStream_t stream) {
     fk.num_splits = kp.num_splits;
     fk.o_accum = kp.o_accum;
     fk.lse_accum = kp.lse_accum;
-    launch_combine<Element>(fk, kp.overlap_combine, stream);
+    launch_combine<Element, kSm90>(fk, kp.overlap_combine, stream);
   }
 }
 

@@ -38,7 +38,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                 " thread blocks exceed the grid limit (2^31 - 1)");
   kernel<<<unsigned(blocks), Traits::kNThreads, smem, stream>>>(kp);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
-  if (kp.num_splits > 1) launch_combine<Element>(kp, kp.overlap_combine, stream);
+  if (kp.num_splits > 1) launch_combine<Element, false>(kp, kp.overlap_combine, stream);
 }
 
 // The forward of head dim kHeadDim with tile row `tile` (one of that head dim's rows, chosen

@@ -124,7 +124,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
   kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
   FLASHCPP_CUDA_CHECK(cudaGetLastError());
   // The splits' partials merge in the combine, a programmatic dependent of this kernel.
-  if constexpr (kSplit) launch_combine<Element>(kp, true, stream);
+  if constexpr (kSplit) launch_combine<Element, true>(kp, true, stream);
 }
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
