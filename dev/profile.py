@@ -88,12 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default="regex:.",
                    help="ncu -k filter, e.g. 'regex:flash' or an exact kernel name")
     p.add_argument("--impl", default="flashcpp",
-                   choices=("flashcpp", "cudnn", "fa2", "mem_eff", "flex"))
+                   choices=("flashcpp", "cudnn", "fa2", "mem_eff", "flex", "flashcpp_fast",
+                            "cudnn_fp8"))
     p.add_argument("--D", type=int, default=128, help="head dim (H = hidden / D)")
     p.add_argument("--N", default="4096", help="sequence length (B = tokens / N); 4k works")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mode", default="fwd", choices=("fwd", "bwd", "fwd+bwd"))
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "e4m3"))
     p.add_argument("--sdpa-layout", default="bshd-view", choices=("bshd-view", "bhsd"))
     p.add_argument("--launch-skip", type=int, default=0,
                    help="matching launches to skip inside the profiled range")
