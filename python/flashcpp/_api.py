@@ -49,7 +49,7 @@ def _is_fp8(x) -> bool:
     return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
 
 
-def _check_descales_eager(ops, descales, fp8_fast_accum=False, varlen=False):
+def _check_fp8_arguments_eager(ops, descales, fp8_fast_accum=False, varlen=False):
     # flashcpp.torch carries them (its fp8 op, padded calls only); JAX tracing does not.
     if ops is None or not (fp8_fast_accum or any(d is not None for d in descales)):
         return
@@ -124,7 +124,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: Optional[float] =
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
     descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
-    _check_descales_eager(ops, descales, fp8_fast_accum)
+    _check_fp8_arguments_eager(ops, descales, fp8_fast_accum)
     if ops is not None:
         fp8 = {} if all(d is None for d in descales) else dict(
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
@@ -152,7 +152,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     kwargs = _native.options(causal, softmax_scale, window, softcap, backend, num_splits)
     descales = (q_descale, k_descale, v_descale)
     ops = _autograd_ops(q, k, v, out, lse_out, stream, num_splits)
-    _check_descales_eager(ops, descales, fp8_fast_accum, varlen=True)
+    _check_fp8_arguments_eager(ops, descales, fp8_fast_accum, varlen=True)
     if ops is not None:
         return ops.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
