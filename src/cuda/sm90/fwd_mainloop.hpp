@@ -403,18 +403,26 @@ struct FwdMainloop {
           }
         }
       }
-      // P_{n+1} V_{n+1} done and in O, O rescaled: the V stage and P's registers are free.
+      // P_{n+1} V_{n+1} done and in O, O rescaled where a row's max moved (a warp-uniform
+      // branch, Softmax::any_row_rescales): the V stage and P's registers are free.
+      const bool rescale = Softmax<kRows>::any_row_rescales(o_scale);
+      auto pv_finish_rescaling = [&] {
+        if (rescale)
+          pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        else
+          pv_finish(cute::false_type{}, tOrP, v_state.index(), o_scale, release_v);
+      };
       if constexpr (kChunked) {
         // P_n packed first, into p_next (the chunks still read p_regs): S's fp32 registers
         // are then free while the chunks are added to O.
         pack_p_fp8(acc_s, p_next);
-        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        pv_finish_rescaling();
         Tensor from = recast<std::uint32_t>(p_next);
         Tensor to = recast<std::uint32_t>(p_regs);
         CUTE_UNROLL
         for (int i = 0; i < size(to); ++i) to(i) = from(i);
       } else {
-        pv_finish(cute::true_type{}, tOrP, v_state.index(), o_scale, release_v);
+        pv_finish_rescaling();
         if constexpr (Traits::kFp8) {
           pack_p_fp8(acc_s, p_regs);
         } else {

@@ -78,6 +78,19 @@ struct Softmax {
     }
   }
 
+  // Whether any row of the warp must rescale O (a warp-uniform answer): o_scale is exactly 1
+  // where the row maximum did not move (once it has settled on a long row, most blocks), and
+  // then the multiplies are skipped. The branch also keeps ptxas from putting the wait for the
+  // in-flight P V product above the softmax: with the softmax and the wait in one basic block
+  // (the FP8 kernels, which have no V-scan test between them) it scheduled the wait first, so
+  // the softmax did not overlap the product (sm90-kernels.md, "Wait placement").
+  __forceinline__ __device__ static bool any_row_rescales(const float (&o_scale)[kRows]) {
+    bool moved = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) moved |= o_scale[r] != 1.f;
+    return __any_sync(0xffffffffu, moved);
+  }
+
   template <class TensorO>
   __forceinline__ __device__ static void rescale_o(TensorO& o, const float (&o_scale)[kRows]) {
 #pragma unroll
