@@ -107,18 +107,6 @@ foreach(_switch IN ITEMS Q_DESC O_IN_RING)
   endif()
 endforeach()
 unset(_var)
-# FLASHCPP_SM90_FWD_FMA_EXP_EVERY=<k>: every k-th exponential of the sm90a forward's softmax on
-# the FMA pipe (softmax.hpp), empty or 0: all on the MUFU unit.
-set(FLASHCPP_SM90_FWD_FMA_EXP_EVERY "" CACHE STRING
-    "sm90a forward: every k-th softmax exponential on the FMA pipe (empty: none)")
-if(NOT FLASHCPP_SM90_FWD_FMA_EXP_EVERY STREQUAL "")
-  if(NOT FLASHCPP_SM90_FWD_FMA_EXP_EVERY MATCHES "^[0-9]+$")
-    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_FMA_EXP_EVERY '${FLASHCPP_SM90_FWD_FMA_EXP_EVERY}' (expected a count, e.g. 4)")
-  endif()
-  string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
-         "#define FLASHCPP_SM90_FWD_FMA_EXP_EVERY ${FLASHCPP_SM90_FWD_FMA_EXP_EVERY}\n")
-  message(STATUS "flashcpp: sm90a forward: every ${FLASHCPP_SM90_FWD_FMA_EXP_EVERY}th exponential on the FMA pipe")
-endif()
 # FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
 # head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with
 # <temps> temporaries in flight (default 2; fp8_pv_chunks.hpp); 0: O stays the tensor cores'

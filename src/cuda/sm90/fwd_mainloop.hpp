@@ -342,7 +342,7 @@ struct FwdMainloop {
     warpgroup_wait<0>();
     release_k(n);
     score_mod(acc_s, n);
-    softmax.template step<Traits::kFmaExpEvery>(s_rc, scale_log2, o_scale);
+    softmax.step(s_rc, scale_log2, o_scale);
     Tensor p_regs = first_p(acc_s, mma_pv);
     Tensor tOrP = make_tensor(p_regs.data(), p_operand_layout(p_regs.layout()));
     // Chunked FP8: the next block's P, packed while the chunks of this one still read p_regs.
@@ -391,7 +391,7 @@ struct FwdMainloop {
       warpgroup_wait<kPvGroups>();  // S_n done; P V still running
       release_k(n);
       score_mod(acc_s, n);
-      softmax.template step<Traits::kFmaExpEvery>(s_rc, scale_log2, o_scale);
+      softmax.step(s_rc, scale_log2, o_scale);
       if constexpr (Traits::kScanV && !Traits::kFp8) {
         if (block_is_cut(n + 1, unmasked) && ss.v_flagged[v_state.index()]) {
           // A NaN rescale makes the whole O row NaN from here on.

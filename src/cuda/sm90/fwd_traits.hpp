@@ -97,11 +97,6 @@ struct FwdTraits {
 #define FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM 256
 #endif
   static constexpr bool kQDescPerIteration = kHeadDim >= FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM;
-  // Every kFmaExpEvery-th exponential of the softmax on the FMA pipe (softmax.hpp; 0: none).
-#ifndef FLASHCPP_SM90_FWD_FMA_EXP_EVERY
-#define FLASHCPP_SM90_FWD_FMA_EXP_EVERY 0
-#endif
-  static constexpr int kFmaExpEvery = FLASHCPP_SM90_FWD_FMA_EXP_EVERY;
 
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
   // at 384 threads: setmaxnreg needs the totals to match the entry allocation.

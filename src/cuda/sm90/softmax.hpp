@@ -54,9 +54,7 @@ struct Softmax {
 
   // s: S in (row, col) view, overwritten with unnormalised P. o_scale[r]: factor O must be
   // multiplied by before the next P V (exp2 of the max shift; 0 while the row had no key).
-  // kFmaExpEvery > 0: every kFmaExpEvery-th exponential of a row on the FMA pipe
-  // (exp2_on_fma), the rest on the MUFU unit.
-  template <int kFmaExpEvery = 0, class TensorS>
+  template <class TensorS>
   __forceinline__ __device__ void step(TensorS& s, float scale_log2, float (&o_scale)[kRows]) {
     static_assert(decltype(size<0>(s))::value == kRows);
 #pragma unroll
@@ -72,10 +70,7 @@ struct Softmax {
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < size<1>(s); ++c) {
-        const float x = s(r, c) * scale_log2 - m_scaled;
-        const float p = kFmaExpEvery > 0 && c % kFmaExpEvery == kFmaExpEvery - 1
-                            ? exp2_on_fma(x)
-                            : fast_exp2(x);
+        const float p = fast_exp2(s(r, c) * scale_log2 - m_scaled);
         s(r, c) = p;
         sum += p;
       }
