@@ -75,7 +75,7 @@ struct FwdEpilogue {
       }
       // O overwrites the last K and V stages only once both warpgroups' last S = Q K^T and
       // last P V have completed.
-      named_barrier_sync(NamedBarrier::kFwdLastStagesRead, 256);
+      named_barrier_sync(NamedBarrier::kFwdLastStagesRead, Traits::kConsumerThreads);
       store_o_tma(params, seq, tile, acc_o, ss, tid, last_stage);
       return;
     }
@@ -125,7 +125,7 @@ struct FwdEpilogue {
     const ForwardParams& p = params.kp.p;
     const int wg = tid / 128;
     const bool leader = tid % 128 == 0;
-    const NamedBarrier bar = wg == 0 ? NamedBarrier::kEpilogue0 : NamedBarrier::kEpilogue1;
+    const NamedBarrier bar = fwd_epilogue_barrier(wg);
     // (64, Dv): this warpgroup's half.
     Tensor sO_wg = make_tensor(make_smem_ptr(o_half(ss, wg, last_stage)),
                                typename Traits::SmemLayoutOHalf{});

@@ -53,7 +53,8 @@ struct FwdMainloop {
   // before its first tile and after its last (no-ops without ping-pong).
   __device__ static void pingpong_start(int tid) {
     if constexpr (Traits::kPingPong)
-      if (tid / 128 == 1) named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
+      if (tid / 128 == Traits::kConsumerWarpgroups - 1)
+        named_barrier_arrive(NamedBarrier::kWarpScheduler0, 256);
   }
   __device__ static void pingpong_finish(int tid) {
     if constexpr (Traits::kPingPong)
@@ -286,17 +287,16 @@ struct FwdMainloop {
       }
     };
 
-    // Turn-taking of the two consumer warpgroups (no-ops without ping-pong).
+    // Turn-taking of the consumer warpgroups in the order 0, 1(, 2) (no-ops without
+    // ping-pong): each barrier joins a warpgroup and the one whose turn came before.
     const int wg = tid / 128;
     auto turn_begin = [&] {
-      if constexpr (Traits::kPingPong)
-        named_barrier_sync(wg == 0 ? NamedBarrier::kWarpScheduler0
-                                   : NamedBarrier::kWarpScheduler1, 256);
+      if constexpr (Traits::kPingPong) named_barrier_sync(fwd_scheduler_barrier(wg), 256);
     };
     auto turn_end = [&] {
       if constexpr (Traits::kPingPong)
-        named_barrier_arrive(wg == 0 ? NamedBarrier::kWarpScheduler1
-                                     : NamedBarrier::kWarpScheduler0, 256);
+        named_barrier_arrive(
+            fwd_scheduler_barrier(wg + 1 == Traits::kConsumerWarpgroups ? 0 : wg + 1), 256);
     };
 
     // Rows that see a non-finite V in a cut block get NaN (fwd_non_finite_v.hpp).

@@ -3,7 +3,10 @@
 // (grid size, shared memory, kernel name) and by the device code (kernel traits).
 //
 // Every tile has kBlockM = 128 query rows: two consumer warpgroups of 64 rows each, plus one
-// producer warpgroup (384 threads). The key block shrinks as the head dim grows so that
+// producer warpgroup (384 threads); d64 can be built on 192 rows instead (three consumer
+// warpgroups at 160 registers, 512 threads: FLASHCPP_SM90_FWD_D64_BLOCK_M below, with 96-key
+// blocks, which keep the padded kernel's spill at 8 B). The key block shrinks as the head dim
+// grows so that
 //  - shared memory fits in 227 KB: Q (kBlockM x D) + stages x (K + V) (kBlockN x D each);
 //  - registers fit in the consumers' 240: S (kBlockN/2 floats per thread), P of the previous
 //    block (kBlockN/4 registers, live at the same time as S with the intra-warpgroup overlap)
@@ -74,8 +77,14 @@ struct Sm90FwdTile {
 #ifndef FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N
 #define FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N 64
 #endif
+// d64 query rows: 128 (two consumer warpgroups) or 192 (three, at 160 registers each; an A/B
+// build: -DFLASHCPP_SM90_FWD_D64_BLOCK_M=192).
+#ifndef FLASHCPP_SM90_FWD_D64_BLOCK_M
+#define FLASHCPP_SM90_FWD_D64_BLOCK_M 128
+#endif
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
-    {64, 64, 128, FLASHCPP_SM90_FWD_D64_BLOCK_N, FLASHCPP_SM90_FWD_D64_STAGES},
+    {64, 64, FLASHCPP_SM90_FWD_D64_BLOCK_M, FLASHCPP_SM90_FWD_D64_BLOCK_N,
+     FLASHCPP_SM90_FWD_D64_STAGES},
     {128, 128, 128, FLASHCPP_SM90_FWD_D128_BLOCK_N, FLASHCPP_SM90_FWD_D128_STAGES},
     {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES, 0, 0,
      FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N},

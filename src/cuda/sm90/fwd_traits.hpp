@@ -74,7 +74,7 @@ struct FwdTraits {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-  static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kBlockM == 128 || kBlockM == 192, "two or three consumer warpgroups of 64 rows");
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
                 "rows of 64 elements (128 B) for the 128-byte swizzle");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the k extent of O += P V");
@@ -99,10 +99,12 @@ struct FwdTraits {
   static constexpr bool kQDescPerIteration = kHeadDim >= FLASHCPP_SM90_FWD_Q_DESC_MIN_HDIM;
 
   // Producer 24 + 2 consumers x 240 = 504 = 3 x 168, the per-thread share of 64K registers
-  // at 384 threads: setmaxnreg needs the totals to match the entry allocation.
+  // at 384 threads (3 consumers: 24 + 3 x 160 = 504 <= 4 x 128 at 512 threads): setmaxnreg
+  // needs the totals to match the entry allocation.
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
-  static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <= (kThreads / 128) * 168);
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? 160 : 240;
+  static_assert(kProducerRegs + kConsumerWarpgroups * kConsumerRegs <=
+                (kThreads / 128) * (65536 / kThreads / 8 * 8));
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O = P V
@@ -271,6 +273,7 @@ struct FwdTraits {
                                    int(kVStageBytes) >= kOHalfBytes &&
                                    kKStageBytes % 1024 == 0 && kVStageBytes % 1024 == 0 &&
                                    kHeadDim >= FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM;
+  static_assert(!kOInRing || kConsumerWarpgroups == 2, "O in the ring: a K and a V stage, one per warpgroup");
   static constexpr bool kTmaStoreO = kOBuffer || kOInRing;
 
   struct NoSmemO {};

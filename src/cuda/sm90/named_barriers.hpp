@@ -24,6 +24,10 @@ enum class NamedBarrier : int {
   // warpgroup may overwrite the buffer (kBwdDsFree + b).
   kBwdDsFree = 14,
   kBwdDsFree1 = 15,
+  // Forward with three consumer warpgroups (192-row tiles): the third one's turn and epilogue
+  // barriers, on ids only the backward uses otherwise.
+  kWarpScheduler2 = kBwdDsReady,
+  kEpilogue2 = kBwdDsReady1,
   // Forward: the producer warpgroup's scanner warps 1-3 start on a cut block's V stage, OR
   // their verdicts, and end its rare path (fwd_non_finite_v.hpp).
   kFwdVScan = kBwdDsFree,
@@ -41,6 +45,16 @@ enum class NamedBarrier : int {
 
 __forceinline__ __device__ NamedBarrier operator+(NamedBarrier id, int i) {
   return static_cast<NamedBarrier>(static_cast<int>(id) + i);
+}
+
+// The turn (ping-pong) and epilogue barriers of forward consumer warpgroup wg (0, 1, 2).
+__forceinline__ __device__ NamedBarrier fwd_scheduler_barrier(int wg) {
+  return wg == 0 ? NamedBarrier::kWarpScheduler0
+                 : wg == 1 ? NamedBarrier::kWarpScheduler1 : NamedBarrier::kWarpScheduler2;
+}
+__forceinline__ __device__ NamedBarrier fwd_epilogue_barrier(int wg) {
+  return wg == 0 ? NamedBarrier::kEpilogue0
+                 : wg == 1 ? NamedBarrier::kEpilogue1 : NamedBarrier::kEpilogue2;
 }
 
 __forceinline__ __device__ void named_barrier_sync(NamedBarrier id, int threads) {
