@@ -12,14 +12,15 @@
 // O += P_{n+1} V_{n+1}, waits for S_n only and runs the mask and softmax of S_n while the
 // P V product is still on the tensor cores; O is rescaled after that product completes.
 //
-// Ping-pong (d <= 128, where the softmax is as long as the products): the two consumer
-// warpgroups take turns issuing their GEMMs through two named barriers, so one warpgroup's
-// softmax runs while the other's products occupy the tensor cores. Each warpgroup issues
-// k + 1 times for k key blocks (first S, k - 1 steady steps, last P V) and hands the turn
-// over after each. The turns run on across tiles: warpgroup 1's last hand-over of a tile
-// lets warpgroup 0 start the next tile while warpgroup 1 still runs its epilogue (and the
-// other way round). Warpgroup 1 gives the very first turn (pingpong_start) and warpgroup 0
-// takes the one hand-over left at the end (pingpong_finish), so both barriers end balanced.
+// Ping-pong (d <= 128, where the softmax is as long as the products): the consumer
+// warpgroups (two, or three on 192-row tiles) take turns issuing their GEMMs through one named
+// barrier each, so one warpgroup's softmax runs while the others' products occupy the tensor
+// cores. Each warpgroup issues k + 1 times for k key blocks (first S, k - 1 steady steps, last
+// P V) and hands the turn to the next after each. The turns run on across tiles: the last
+// warpgroup's last hand-over of a tile lets warpgroup 0 start the next tile while the others
+// still run their epilogues. The last warpgroup gives the very first turn (pingpong_start)
+// and warpgroup 0 takes the one hand-over left at the end (pingpong_finish), so every barrier
+// ends balanced.
 //
 // FP8 (Traits::kFp8): V tiles come from the pre-pass's V^T in the workspace (K-major), P is
 // packed into e4m3 A registers in the accumulator's own key order (fp8_pv_order.hpp), the
