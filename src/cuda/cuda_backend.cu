@@ -450,9 +450,9 @@ Plan plan_fp8_forward(const ForwardParams& p, const DeviceInfo& dev, Backend req
   if (!sm90_asked(dev, requested))
     throw Error(what + "run only on the sm90a forward: a Hopper GPU with backend automatic "
                 "(FLASHCPP_DISABLE_SM90 unset) or cuda_sm90");
-  if (p.dtype != ElementType::bf16)
-    throw Error("out: expected dtype bf16 for fp8_e4m3 inputs on cuda, got " +
-                std::string(dtype_name(p.dtype)) + " (fp16 out runs on cpu_reference only)");
+  if (p.dtype != ElementType::bf16 && p.dtype != ElementType::fp16)
+    throw Error("out: expected dtype bf16 or fp16 for fp8_e4m3 inputs on cuda, got " +
+                std::string(dtype_name(p.dtype)));
   if (p.head_dim != p.head_dim_v)
     throw Error(what + "need head_dim == head_dim_v (got " + std::to_string(p.head_dim) + " and " +
                 std::to_string(p.head_dim_v) + ")");

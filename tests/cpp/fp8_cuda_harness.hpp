@@ -64,6 +64,7 @@ struct Fp8Case {
   int descales = 2;  // 0: none, 1: one per tensor ([1]), 2: per (sequence, kv head) ([B, Hkv])
   Inputs inputs = Inputs::exact_p;
   bool fast_accum = false;  // AttentionOptions::fp8_fast_accum
+  DType out = DType::bf16;  // out's dtype: bf16 or fp16
   bool varlen() const { return !lq.empty(); }
   int batch() const { return varlen() ? int(lq.size()) : B; }
 };
@@ -84,6 +85,7 @@ inline std::string describe(const Fp8Case& c) {
   s << " descales=" << c.descales;
   s << (c.inputs == Inputs::exact_p ? " exact-P" : c.inputs == Inputs::gaussian ? " gaussian" : " outliers");
   if (c.fast_accum) s << " fast-accum";
+  if (c.out != DType::bf16) s << " out " << dtype_name(c.out);
   return s.str();
 }
 
@@ -312,10 +314,10 @@ inline std::string bf16_forward_skip_reason() {
     if (!why.empty()) GTEST_SKIP() << why;                          \
   } while (0)
 
-// Runs the case on the GPU (out `out_dtype`, poisoned first; inputs fp8 or, for the bf16
-// comparison, the dequantised values in bf16) and returns out and lse.
+// Runs the case on the GPU (out in the case's dtype, poisoned first; inputs fp8 or, for the
+// bf16 comparison, the dequantised values in bf16 with a bf16 out) and returns out and lse.
 inline Outputs run_gpu(const Fp8Case& c, Fp8Data& d, RunInfo* info = nullptr, bool bf16_inputs = false) {
-  Outputs r = outputs_of(c, DType::bf16);
+  Outputs r = outputs_of(c, bf16_inputs ? DType::bf16 : c.out);
   r.out.poison();
   r.lse.poison();
   HostTensor qb, kb, vb;

@@ -300,8 +300,34 @@ TEST(CudaFp8Forward, LongRowSums) {
       }
 }
 
-// What the CUDA FP8 forward refuses, with errors naming the argument: fp16 out, a split count,
-// D != Dv, and a missing workspace.
+// out in fp16: the epilogue's other conversion, on the TMA store (padded, d64/d128 varlen) and
+// on the register store (d256 varlen), with and without fast accumulation.
+TEST(CudaFp8Forward, Fp16Out) {
+  SKIP_WITHOUT_FP8_FORWARD();
+  Fp8Case c;
+  c.out = DType::fp16;
+  c.causal = true;
+  check(c);  // exact P, D 128
+  c.inputs = Inputs::gaussian;
+  c.causal = false;
+  for (int d : {64, 256}) {
+    c.D = d;
+    check(c);
+  }
+  Fp8Case v = c;
+  v.lq = {200, 0, 77, 1};
+  v.lk = {300, 5, 0, 129};
+  v.Hq = 8;
+  for (int d : {64, 256}) {
+    v.D = d;
+    check(v);
+  }
+  v.fast_accum = true;
+  check(v);
+}
+
+// What the CUDA FP8 forward refuses, with errors naming the argument: an fp32 out, a split
+// count, D != Dv, and a missing workspace.
 TEST(CudaFp8Forward, Errors) {
   SKIP_WITHOUT_FP8_FORWARD();
   const auto error_of = [](auto&& call) -> std::string {
@@ -313,11 +339,11 @@ TEST(CudaFp8Forward, Errors) {
     return "(no error)";
   };
   HostTensor q(DType::fp8_e4m3, {1, 64, 2, 128}), vs(DType::fp8_e4m3, {1, 64, 2, 64}),
-      o16(DType::fp16, {1, 64, 2, 128}), ob(DType::bf16, {1, 64, 2, 128}), ob64(DType::bf16, {1, 64, 2, 64});
-  OnDevice dq(q), dvs(vs), do16(o16), dob(ob), dob64(ob64);
+      o32(DType::fp32, {1, 64, 2, 128}), ob(DType::bf16, {1, 64, 2, 128}), ob64(DType::bf16, {1, 64, 2, 64});
+  OnDevice dq(q), dvs(vs), do32(o32), dob(ob), dob64(ob64);
   AttentionOptions o;
-  EXPECT_NE(error_of([&] { forward(dq.view, dq.view, dq.view, do16.view, nullptr, o); })
-                .find("out: expected dtype bf16 for fp8_e4m3 inputs on cuda, got fp16"),
+  EXPECT_NE(error_of([&] { forward(dq.view, dq.view, dq.view, do32.view, nullptr, o); })
+                .find("out: expected dtype bf16 or fp16 for fp8_e4m3 inputs, got fp32"),
             std::string::npos);
   AttentionOptions split = o;
   split.num_splits = 2;

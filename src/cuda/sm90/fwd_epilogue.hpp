@@ -40,6 +40,23 @@ struct FwdEpilogue {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns
 
+  // O converted to the output type. FP8 inputs: bf16 (ElementOut), or fp16 where the call's out
+  // is fp16 (a uniform branch; both are 2-byte values written alike, carried in ElementOut).
+  template <class AccO>
+  __device__ static auto convert_o(const ForwardParams& p, AccO const& acc_o) {
+    if constexpr (Traits::kFp8) {
+      if (p.dtype == ElementType::fp16) {
+        Tensor half = convert_fragment<cutlass::half_t>(acc_o);
+        Tensor as_out = make_tensor<Element>(half.layout());
+        CUTE_UNROLL
+        for (int i = 0; i < size(half); ++i)
+          as_out(i) = Element::bitcast(half(i).raw());
+        return as_out;
+      }
+    }
+    return convert_fragment<Element>(acc_o);
+  }
+
   // (row, col) in the 128-row tile of every accumulator element this thread holds.
   __device__ static auto coords(int tid) {
     typename Traits::TiledMmaPV mma_pv;
@@ -137,7 +154,7 @@ struct FwdEpilogue {
       named_barrier_sync(bar, 128);
     }
 
-    Tensor rO = convert_fragment<Element>(acc_o);
+    Tensor rO = convert_o(p, acc_o);
     Tensor rO_rc = make_tensor(rO.data(), wgmma_acc_rowcol(rO.layout()));
     auto c = coords(tid);
     CUTE_UNROLL
@@ -231,7 +248,7 @@ struct FwdEpilogue {
     const int m0 = tile.m_block * kBlockM;
     const int rows = seq.seqlen_q - m0;
     auto c = coords(tid);
-    Tensor rO = convert_fragment<Element>(acc_o);
+    Tensor rO = convert_o(p, acc_o);
     Tensor rO_rc = make_tensor(rO.data(), wgmma_acc_rowcol(rO.layout()));
     Element* o_base = static_cast<Element*>(p.out) +
                       seq.offset(p.out_stride, seq.batch_q, seq.row_q + m0, tile.head);
