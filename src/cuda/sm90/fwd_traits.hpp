@@ -273,7 +273,8 @@ struct FwdTraits {
                                    int(kVStageBytes) >= kOHalfBytes &&
                                    kKStageBytes % 1024 == 0 && kVStageBytes % 1024 == 0 &&
                                    kHeadDim >= FLASHCPP_SM90_FWD_O_IN_RING_MIN_HDIM;
-  static_assert(!kOInRing || kConsumerWarpgroups == 2, "O in the ring: a K and a V stage, one per warpgroup");
+  static_assert(!kOInRing || kConsumerWarpgroups == 2,
+                "O in the ring: a K and a V stage, one per consumer warpgroup");
   static constexpr bool kTmaStoreO = kOBuffer || kOInRing;
 
   struct NoSmemO {};
