@@ -69,6 +69,12 @@ struct Fp8Case {
   int batch() const { return varlen() ? int(lq.size()) : B; }
 };
 
+// Varlen lengths with an empty query sequence, an empty key sequence and a one-query one.
+inline void set_ragged_varlen(Fp8Case& c) {
+  c.lq = {200, 0, 77, 1};
+  c.lk = {300, 5, 0, 129};
+}
+
 inline std::string describe(const Fp8Case& c) {
   std::ostringstream s;
   s << "D=" << c.D << " Hq=" << c.Hq << " Hkv=" << c.Hkv;

@@ -125,8 +125,7 @@ TEST(CudaFp8Forward, GaussianAllOptions) {
   check(c);
   Fp8Case v = c;
   v.window_left = v.window_right = -1;
-  v.lq = {200, 0, 77, 1};
-  v.lk = {300, 5, 0, 129};
+  set_ragged_varlen(v);
   v.softcap = 30.f;
   v.descales = 2;
   v.Hq = 8;
@@ -315,8 +314,7 @@ TEST(CudaFp8Forward, Fp16Out) {
     check(c);
   }
   Fp8Case v = c;
-  v.lq = {200, 0, 77, 1};
-  v.lk = {300, 5, 0, 129};
+  set_ragged_varlen(v);
   v.Hq = 8;
   for (int d : {64, 256}) {
     v.D = d;

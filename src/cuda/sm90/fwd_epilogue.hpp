@@ -57,7 +57,7 @@ struct FwdEpilogue {
     return convert_fragment<Element>(acc_o);
   }
 
-  // (row, col) in the 128-row tile of every accumulator element this thread holds.
+  // (row, col) in the kBlockM-row tile of every accumulator element this thread holds.
   __device__ static auto coords(int tid) {
     typename Traits::TiledMmaPV mma_pv;
     auto thr = mma_pv.get_thread_slice(tid);

@@ -203,7 +203,7 @@ struct FwdMainloop {
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // descriptors (1, 1, D/16)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (1, 1, D/16, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (1, 1, kBlockN/16, stages)
-    // (row, col) of every S element in the 128 x kBlockN tile (rows include this
+    // (row, col) of every S element in the kBlockM x kBlockN tile (rows include this
     // warpgroup's 64-row offset).
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor c_rc = make_tensor(tScS.data(), wgmma_acc_rowcol(tScS.layout()));
