@@ -98,16 +98,13 @@ inline bool tma_compatible(const void* ptr, const Strides& s, int rows, int head
 }
 
 // True when the sm90 forward can run this call (split-KV is decided by the planner).
-// FP8 (q, k, v e4m3): out bf16, D == Dv, the KV split off (the planner's business), and the
-// seqused_k form (the KV cache's) never comes here.
+// Out is fp16 or bf16, for FP8 inputs too (the epilogue converts O to out's dtype).
+// FP8 (q, k, v e4m3): D == Dv, the KV split off (the planner's business), and the seqused_k
+// form (the KV cache's) never comes here.
 inline bool fwd_covers(const ForwardParams& p) {
   const bool fp8 = p.fp8_inputs();
-  if (fp8) {
-    if (p.dtype != ElementType::bf16 || p.head_dim != p.head_dim_v || p.seqused_k != nullptr)
-      return false;
-  } else if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) {
-    return false;
-  }
+  if (p.dtype != ElementType::fp16 && p.dtype != ElementType::bf16) return false;
+  if (fp8 && (p.head_dim != p.head_dim_v || p.seqused_k != nullptr)) return false;
   if (find_fwd_kernel(p) == nullptr) return false;
   if (p.is_varlen() && (p.total_rows_q > INT_MAX || p.total_rows_k > INT_MAX)) return false;
   const int rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
