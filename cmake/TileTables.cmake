@@ -107,17 +107,18 @@ foreach(_switch IN ITEMS Q_DESC O_IN_RING)
   endif()
 endforeach()
 unset(_var)
-# FLASHCPP_SM90_FWD_D64_BLOCK_M=192: the fp16/bf16 d64 row on 192-row tiles (three consumer
-# warpgroups; fwd_tile_table.hpp), empty: the table's 128.
-set(FLASHCPP_SM90_FWD_D64_BLOCK_M "" CACHE STRING
-    "sm90a forward d64 query rows per tile: 128 or 192 (empty: the table's)")
-if(NOT FLASHCPP_SM90_FWD_D64_BLOCK_M STREQUAL "")
-  if(NOT FLASHCPP_SM90_FWD_D64_BLOCK_M MATCHES "^(128|192)$")
-    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_D64_BLOCK_M '${FLASHCPP_SM90_FWD_D64_BLOCK_M}' (expected 128 or 192)")
+# FLASHCPP_SM90_FWD_LONG_TILE_D64=<rows>x<keys>: d64's long-call tile (fwd_tile_table.hpp;
+# rows 192: three consumer warpgroups, or 128), 0x0: none, empty: the table's 192x96.
+set(FLASHCPP_SM90_FWD_LONG_TILE_D64 "" CACHE STRING
+    "sm90a forward d64 long-call tile: <rows>x<keys>, 0x0: none (empty: the table's)")
+if(NOT FLASHCPP_SM90_FWD_LONG_TILE_D64 STREQUAL "")
+  if(NOT FLASHCPP_SM90_FWD_LONG_TILE_D64 MATCHES "^(0|128|192)x([0-9]+)$")
+    message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_LONG_TILE_D64 '${FLASHCPP_SM90_FWD_LONG_TILE_D64}' (expected <rows>x<keys> with rows 128 or 192, e.g. 192x96, or 0x0)")
   endif()
   string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
-         "#define FLASHCPP_SM90_FWD_D64_BLOCK_M ${FLASHCPP_SM90_FWD_D64_BLOCK_M}\n")
-  message(STATUS "flashcpp: sm90a forward d64 on ${FLASHCPP_SM90_FWD_D64_BLOCK_M}-row tiles")
+         "#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M ${CMAKE_MATCH_1}\n"
+         "#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_N ${CMAKE_MATCH_2}\n")
+  message(STATUS "flashcpp: sm90a forward d64 long-call tile ${FLASHCPP_SM90_FWD_LONG_TILE_D64}")
 endif()
 # FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
 # head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with

@@ -264,10 +264,12 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   rest.workspace_bytes -= vt_bytes;
   const int splits = splits_to_run(rest, workspace);
   kp.num_splits = splits;
-  kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel);
   kp.paged = paged;
   const bool is_paged = paged.block_table != nullptr;
-  kp.short_tile = sm90::fwd_runs_short_tile(kernel, params, splits, is_paged);
+  const FwdTileRow row = sm90::fwd_tile_row(kernel, params, splits, is_paged);
+  kp.short_tile = row == FwdTileRow::short_call;
+  kp.long_tile = row == FwdTileRow::long_call;
+  kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel, row);
   const std::size_t split_bytes = split_workspace_bytes(params, splits);
   if (splits > 1) {
     kp.o_accum = static_cast<float*>(workspace.data);
@@ -282,9 +284,7 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   launch_on_device(params.device,
                    [&] { kernel.entry(kp, reinterpret_cast<cudaStream_t>(stream)); });
   return {Backend::cuda_sm90,
-          sm90::fwd_kernel_name(kernel, splits > 1, is_paged,
-                                sm90::fwd_tile_row(kernel, params, splits, is_paged)),
-          splits};
+          sm90::fwd_kernel_name(kernel, splits > 1, is_paged, row), splits};
 }
 
 RunInfo run_sm80_forward(const Plan& plan, const ForwardParams& params, Stream stream,

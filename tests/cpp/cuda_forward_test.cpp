@@ -513,6 +513,53 @@ TEST_P(CudaForwardSm90, ShortCallTileAtD256) {
   }
 }
 
+// d64 unsplit calls without a cache with more than 2048 queries and keys (the longest
+// sequence, varlen) run the 192 x 96 long-call tile (the default build's) (three consumer warpgroups), the others
+// the 128-row table tile, each correct on both sides of the bound: ragged last query and key
+// tiles, causal, GQA, varlen with short sequences beside the long one, and split calls (the
+// table tile, whatever the lengths).
+TEST_P(CudaForwardSm90, LongCallTileAtD64) {
+  struct Row {
+    int nq, nk;
+    bool causal;
+    bool varlen;
+    int splits;
+    bool long_tile;
+  };
+  for (const Row& row : {Row{2048, 2048, false, false, 1, false},
+                         Row{2049, 2049, false, false, 1, true},
+                         Row{2100, 2500, true, false, 1, true},
+                         Row{2049, 2048, true, false, 1, false},
+                         Row{300, 4000, false, false, 1, false},
+                         Row{2049, 2049, false, false, 2, false},
+                         Row{2300, 2200, true, true, 1, true},
+                         Row{2000, 2200, false, true, 1, false}}) {
+    SCOPED_TRACE("nq " + std::to_string(row.nq) + " nk " + std::to_string(row.nk) +
+                 (row.causal ? " causal" : "") + (row.varlen ? " varlen" : "") + " splits " +
+                 std::to_string(row.splits));
+    FwdCase c = base();
+    c.D = 64;
+    c.Hq = 2;
+    c.Hkv = 1;
+    c.causal = row.causal;
+    c.num_splits = row.splits;
+    if (row.varlen) {
+      c.seqlens_q = {row.nq, 1, 129, 0};
+      c.seqlens_k = {row.nk, 300, 77, 5};
+    } else {
+      c.B = 1;
+      c.Nq = row.nq;
+      c.Nk = row.nk;
+    }
+    const FwdResult r = check(c);
+    if (r.not_built) GTEST_SKIP() << "no sm90a d64 forward in this build";
+    const std::string kernel = r.info.kernel;
+    if (kernel.find("_hdim64_") == std::string::npos) GTEST_SKIP() << kernel << " ran";
+    EXPECT_EQ(kernel.find("_192x96_") != std::string::npos, row.long_tile) << kernel;
+    EXPECT_EQ(kernel.find("_128x") != std::string::npos, !row.long_tile) << kernel;
+  }
+}
+
 // A mode of extent 1 is never stepped, so its stride may be anything (here an odd batch
 // stride of a single-batch view, which no TMA descriptor could hold): the call still runs on
 // sm90 and matches the contiguous views bit for bit.

@@ -17,8 +17,10 @@ struct FwdKernelParams {
   float* lse_accum = nullptr;
   bool overlap_combine = false;  // sm90+: the combine is a programmatic dependent launch
   int num_m_blocks = 0;
-  // sm90a: the call runs its tile row's short-call key block (sm90_fwd_short_call).
+  // sm90a: the call runs its tile row's short-call key block (sm90_fwd_short_call) or its
+  // long-call tile (sm90_fwd_long_call).
   bool short_tile = false;
+  bool long_tile = false;
   // sm90a varlen: the dynamic tile deal's counter (one int of the workspace, zeroed before the
   // launch); null deals the tiles statically.
   int* tile_counter = nullptr;

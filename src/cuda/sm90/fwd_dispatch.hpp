@@ -68,7 +68,8 @@ inline Sm90FwdTile fwd_tile_of(const FwdKernel& k, FwdTileRow row = FwdTileRow::
   const Sm90FwdTile t = k.dtype == ElementType::fp8_e4m3
                             ? sm90_fwd_tile_fp8(k.head_dim, k.head_dim_v)
                             : sm90_fwd_tile(k.head_dim, k.head_dim_v);
-  return row == FwdTileRow::short_call ? sm90_fwd_short_tile(t) : t;
+  if (row == FwdTileRow::short_call) return sm90_fwd_short_tile(t);
+  return row == FwdTileRow::long_call ? sm90_fwd_long_tile(t) : t;
 }
 
 // The automatic backend takes the sm90 kernels on Hopper; FLASHCPP_DISABLE_SM90=1 (read once)
@@ -133,24 +134,26 @@ inline bool fwd_covers_paged(const ForwardParams& p, const PagedKV& paged) {
          tma_compatible(p.v, p.v_stride, paged.page_size, p.heads_kv, paged.num_pages);
 }
 
-// Whether the call runs the instantiation's short-call key block (fwd_tile_table.hpp): fp16 or
-// bf16, padded, unsplit, no KV cache.
-inline bool fwd_runs_short_tile(const FwdKernel& k, const ForwardParams& p, int splits,
-                                bool paged) {
-  const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  return k.dtype != ElementType::fp8_e4m3 && !p.is_varlen() && splits <= 1 && !paged &&
-         p.seqused_k == nullptr && sm90_fwd_short_call(fwd_tile_of(k), masked, p.seqlen_k);
-}
-
-// The row a call runs (run_fwd, fwd_launch.cuh, makes the same choice).
+// The row a call runs (run_fwd, fwd_launch.cuh, makes the same choice): FP8's fast
+// accumulation where asked; for fp16 and bf16 unsplit calls without a KV cache, the row's
+// short-call key block (padded only) or its long-call tile (padded or varlen) where the call's
+// lengths ask for them (fwd_tile_table.hpp); the table's tile otherwise.
 inline FwdTileRow fwd_tile_row(const FwdKernel& k, const ForwardParams& p, int splits,
                                bool paged) {
-  if (k.dtype == ElementType::fp8_e4m3 && p.fp8_fast_accum) return FwdTileRow::fp8_fast_accum;
-  return fwd_runs_short_tile(k, p, splits, paged) ? FwdTileRow::short_call : FwdTileRow::table;
+  if (k.dtype == ElementType::fp8_e4m3)
+    return p.fp8_fast_accum ? FwdTileRow::fp8_fast_accum : FwdTileRow::table;
+  if (splits > 1 || paged || p.seqused_k != nullptr) return FwdTileRow::table;
+  const Sm90FwdTile t = fwd_tile_of(k);
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  if (!p.is_varlen() && sm90_fwd_short_call(t, masked, p.seqlen_k)) return FwdTileRow::short_call;
+  if (sm90_fwd_long_call(t, p.seqlen_q, p.seqlen_k)) return FwdTileRow::long_call;
+  return FwdTileRow::table;
 }
 
-inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k) {
-  const int block_m = fwd_tile_of(k).block_m;
+// Query tiles per sequence (the longest, varlen) on the row's tile.
+inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k,
+                            FwdTileRow row = FwdTileRow::table) {
+  const int block_m = fwd_tile_of(k, row).block_m;
   return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 

@@ -128,7 +128,8 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
 }
 
 // Padded and varlen calls run separate instantiations (fwd_traits.hpp, kVarlen), and so do
-// split-KV calls (kSplit: the epilogue writes partials for the combine).
+// split-KV calls (kSplit: the epilogue writes partials for the combine) and the row's short-
+// and long-call tiles (fwd_tile_row).
 // A paged KV cache (kp.paged) runs the varlen instantiation with paged K/V loads. FP8 runs
 // unsplit and unpaged only (the planner plans neither for it), on its fast-accumulation row
 // where the call allows it.
@@ -152,7 +153,20 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
     }
   } else {
     const bool split = kp.num_splits > 1;
-    if (kp.paged.block_table != nullptr) {
+    constexpr Sm90FwdTile kTable = sm90_fwd_tile(kHeadDim, kHeadDimV);
+    if (kp.long_tile) {  // unsplit, unpaged (fwd_tile_row)
+      if constexpr (kTable.long_block_m > 0) {
+        constexpr FwdTileRow kLong = FwdTileRow::long_call;
+        if (kp.p.is_varlen())
+          launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, false, kLong>, false>(kp,
+                                                                                        stream);
+        else
+          launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, kLong>, false>(kp,
+                                                                                         stream);
+      } else {
+        throw Error("sm90 forward: no long-call tile for this head dim (planner error)");
+      }
+    } else if (kp.paged.block_table != nullptr) {
       if (split)
         launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, true, true>, true>(kp, stream);
       else
@@ -165,7 +179,7 @@ void run_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
     } else if (split) {
       launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false>, true>(kp, stream);
     } else if (kp.short_tile) {
-      if constexpr (sm90_fwd_tile(kHeadDim, kHeadDimV).short_block_n > 0)
+      if constexpr (kTable.short_block_n > 0)
         launch_fwd<FwdTraits<Element, kHeadDim, kHeadDimV, false, false, FwdTileRow::short_call>,
                    false>(kp, stream);
       else

@@ -2,11 +2,10 @@
 // The one tile table of the sm90a (TMA + wgmma, warp-specialised) forward, read by the host
 // (grid size, shared memory, kernel name) and by the device code (kernel traits).
 //
-// Every tile has kBlockM = 128 query rows: two consumer warpgroups of 64 rows each, plus one
-// producer warpgroup (384 threads); d64 can be built on 192 rows instead (three consumer
-// warpgroups at 160 registers, 512 threads: FLASHCPP_SM90_FWD_D64_BLOCK_M below, with 96-key
-// blocks, which keep the padded kernel's spill at 8 B). The key block shrinks as the head dim
-// grows so that
+// Every table tile has kBlockM = 128 query rows: two consumer warpgroups of 64 rows each, plus
+// one producer warpgroup (384 threads); d64's long-call tile has 192 (three consumer
+// warpgroups at 160 registers, 512 threads, with 96-key blocks, which keep the padded
+// kernel's spill at 8 B). The key block shrinks as the head dim grows so that
 //  - shared memory fits in 227 KB: Q (kBlockM x D) + stages x (K + V) (kBlockN x D each);
 //  - registers fit in the consumers' 240: S (kBlockN/2 floats per thread), P of the previous
 //    block (kBlockN/4 registers, live at the same time as S with the intra-warpgroup overlap)
@@ -42,6 +41,11 @@ struct Sm90FwdTile {
   // A second key block for short calls (sm90_fwd_short_call), 0: none. A separate
   // instantiation of the padded, unsplit kernel.
   int short_block_n = 0;
+  // A tile for long calls (sm90_fwd_long_call): its query rows (192: three consumer
+  // warpgroups) and key block, 0: none. Separate instantiations of the padded and the varlen
+  // unsplit, unpaged kernels.
+  int long_block_m = 0;
+  int long_block_n = 0;
 };
 
 // The key block and stage count of the fp16/bf16 rows D 64, 128, 256 can be set at configure
@@ -77,14 +81,21 @@ struct Sm90FwdTile {
 #ifndef FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N
 #define FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N 64
 #endif
-// d64 query rows: 128 (two consumer warpgroups) or 192 (three, at 160 registers each; an A/B
-// build: -DFLASHCPP_SM90_FWD_D64_BLOCK_M=192).
-#ifndef FLASHCPP_SM90_FWD_D64_BLOCK_M
-#define FLASHCPP_SM90_FWD_D64_BLOCK_M 128
+// d64 has a long-call tile of 192 x 96 (three consumer warpgroups at 160 registers each).
+// H100, bf16, 16k tokens: 1.03-1.10x the 128 x 128 tile's TFLOP/s at 8k-16k and 1.05-1.08x on
+// varlen, but 0.86-0.93x at 1-2k, 0.61x at 512 causal, and 0.7x on prefill of 256-1024 new
+// tokens over a long cache (docs/design/sm90-kernels.md). A configure switch
+// (FLASHCPP_SM90_FWD_LONG_TILE_D64 in cmake/TileTables.cmake) sets another or turns it off
+// (0x0).
+#ifndef FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M
+#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M 192
+#endif
+#ifndef FLASHCPP_SM90_FWD_D64_LONG_BLOCK_N
+#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_N 96
 #endif
 inline constexpr Sm90FwdTile kSm90FwdTiles[] = {
-    {64, 64, FLASHCPP_SM90_FWD_D64_BLOCK_M, FLASHCPP_SM90_FWD_D64_BLOCK_N,
-     FLASHCPP_SM90_FWD_D64_STAGES},
+    {64, 64, 128, FLASHCPP_SM90_FWD_D64_BLOCK_N, FLASHCPP_SM90_FWD_D64_STAGES, 0, 0, 0,
+     FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M, FLASHCPP_SM90_FWD_D64_LONG_BLOCK_N},
     {128, 128, 128, FLASHCPP_SM90_FWD_D128_BLOCK_N, FLASHCPP_SM90_FWD_D128_STAGES},
     {256, 256, 128, FLASHCPP_SM90_FWD_D256_BLOCK_N, FLASHCPP_SM90_FWD_D256_STAGES, 0, 0,
      FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N},
@@ -100,6 +111,19 @@ constexpr bool sm90_fwd_short_call(Sm90FwdTile t, bool masked, int seqlen_k) {
 // The row with its short-call key block in place of the standard one.
 constexpr Sm90FwdTile sm90_fwd_short_tile(Sm90FwdTile t) {
   t.block_n = t.short_block_n;
+  return t;
+}
+
+// Whether an unsplit, unpaged call (padded, or varlen by its longest sequences) runs its row's
+// long-call tile: a row that has one, and more than 2048 queries and keys (below, the 192-row
+// tile's wasted rows and fewer tiles cost more than its three warpgroups gain).
+constexpr bool sm90_fwd_long_call(Sm90FwdTile t, int seqlen_q, int seqlen_k) {
+  return t.long_block_m > 0 && seqlen_q > 2048 && seqlen_k > 2048;
+}
+// The row with its long-call tile in place of the standard one.
+constexpr Sm90FwdTile sm90_fwd_long_tile(Sm90FwdTile t) {
+  t.block_m = t.long_block_m;
+  t.block_n = t.long_block_n;
   return t;
 }
 
@@ -210,8 +234,9 @@ constexpr Sm90FwdTile sm90_fwd_tile_fp8_fast_accum(int head_dim, int head_dim_v)
 }
 
 // Which row of its head dims an instantiation runs: the table's, the short-call key block
-// (fp16/bf16, sm90_fwd_short_call) or the FP8 fast-accumulation row.
-enum class FwdTileRow { table, short_call, fp8_fast_accum };
+// (fp16/bf16, sm90_fwd_short_call), the long-call tile (fp16/bf16, sm90_fwd_long_call) or the
+// FP8 fast-accumulation row.
+enum class FwdTileRow { table, short_call, long_call, fp8_fast_accum };
 
 // Tile payload in shared memory (the kernel adds a few mbarriers on top).
 constexpr int sm90_fwd_smem_bytes(Sm90FwdTile t, int element_bytes) {
@@ -223,6 +248,7 @@ static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(64), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(256), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_short_tile(sm90_fwd_tile(256)), 2) <= 227 * 1024);
+static_assert(sm90_fwd_smem_bytes(sm90_fwd_long_tile(sm90_fwd_tile(64)), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile(192, 128), 2) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(64, 64), 1) <= 227 * 1024);
 static_assert(sm90_fwd_smem_bytes(sm90_fwd_tile_fp8(128, 128), 1) <= 227 * 1024);

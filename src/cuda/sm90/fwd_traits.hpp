@@ -34,7 +34,8 @@ using namespace cute;
 // arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
 // the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
 // kRow_: which tile of the head dims (fwd_tile_table.hpp): the table's; short_call, the padded,
-// unsplit instantiation of the row's short-call key block (sm90_fwd_short_call);
+// unsplit instantiation of the row's short-call key block (sm90_fwd_short_call); long_call,
+// the unsplit, unpaged instantiations of its long-call tile (sm90_fwd_long_call);
 // fp8_fast_accum, the FP8 row without the per-block P V sum (O on the tensor cores).
 template <class Element_, int kHeadDim_, int kHeadDimV_, bool kVarlen_ = false,
           bool kPaged_ = false, FwdTileRow kRow_ = FwdTileRow::table>
@@ -54,7 +55,12 @@ struct FwdTraits {
   static constexpr bool kShort = kRow_ == FwdTileRow::short_call;
   static_assert(!kShort || (kTableTile.short_block_n > 0 && !kVarlen_),
                 "a short-call instantiation: padded, of a row that has a short key block");
-  static constexpr Sm90FwdTile kTile = kShort ? sm90_fwd_short_tile(kTableTile) : kTableTile;
+  static constexpr bool kLong = kRow_ == FwdTileRow::long_call;
+  static_assert(!kLong || (kTableTile.long_block_m > 0 && !kPaged_),
+                "a long-call instantiation: unpaged, of a row that has a long-call tile");
+  static constexpr Sm90FwdTile kTile = kShort ? sm90_fwd_short_tile(kTableTile)
+                                       : kLong ? sm90_fwd_long_tile(kTableTile)
+                                               : kTableTile;
   static_assert(kTile.head_dim == kHeadDim_ && kTile.head_dim_v == kHeadDimV_,
                 "head dims must be an sm90 tile table entry");
   static constexpr int kHeadDim = kHeadDim_;
