@@ -513,11 +513,11 @@ TEST_P(CudaForwardSm90, ShortCallTileAtD256) {
   }
 }
 
-// d64 unsplit calls without a cache with more than 2048 queries and keys (the longest
-// sequence, varlen) run the 192 x 96 long-call tile (the default build's) (three consumer warpgroups), the others
-// the 128-row table tile, each correct on both sides of the bound: ragged last query and key
-// tiles, causal, GQA, varlen with short sequences beside the long one, and split calls (the
-// table tile, whatever the lengths).
+// d64 unsplit calls without a cache or a local window with more than 2048 queries and keys
+// (the longest sequence, varlen) run the 192 x 96 long-call tile (the default build's), the
+// others the 128-row table tile, each correct on both sides of the bound: ragged last query
+// and key tiles, causal, GQA, varlen with short sequences beside the long one, and split and
+// windowed calls (the table tile, whatever the lengths).
 TEST_P(CudaForwardSm90, LongCallTileAtD64) {
   struct Row {
     int nq, nk;
@@ -525,6 +525,7 @@ TEST_P(CudaForwardSm90, LongCallTileAtD64) {
     bool varlen;
     int splits;
     bool long_tile;
+    int window_left = -1;
   };
   for (const Row& row : {Row{2048, 2048, false, false, 1, false},
                          Row{2049, 2049, false, false, 1, true},
@@ -533,15 +534,18 @@ TEST_P(CudaForwardSm90, LongCallTileAtD64) {
                          Row{300, 4000, false, false, 1, false},
                          Row{2049, 2049, false, false, 2, false},
                          Row{2300, 2200, true, true, 1, true},
-                         Row{2000, 2200, false, true, 1, false}}) {
+                         Row{2000, 2200, false, true, 1, false},
+                         Row{2300, 2300, false, false, 1, false, 300}}) {
     SCOPED_TRACE("nq " + std::to_string(row.nq) + " nk " + std::to_string(row.nk) +
                  (row.causal ? " causal" : "") + (row.varlen ? " varlen" : "") + " splits " +
-                 std::to_string(row.splits));
+                 std::to_string(row.splits) + " window_left " + std::to_string(row.window_left));
     FwdCase c = base();
     c.D = 64;
     c.Hq = 2;
     c.Hkv = 1;
     c.causal = row.causal;
+    c.wl = row.window_left;  // with wr 0: a causal band of window_left + 1 keys
+    c.wr = row.window_left >= 0 ? 0 : -1;
     c.num_splits = row.splits;
     if (row.varlen) {
       c.seqlens_q = {row.nq, 1, 129, 0};

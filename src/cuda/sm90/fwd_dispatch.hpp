@@ -146,7 +146,8 @@ inline FwdTileRow fwd_tile_row(const FwdKernel& k, const ForwardParams& p, int s
   const Sm90FwdTile t = fwd_tile_of(k);
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   if (!p.is_varlen() && sm90_fwd_short_call(t, masked, p.seqlen_k)) return FwdTileRow::short_call;
-  if (sm90_fwd_long_call(t, p.seqlen_q, p.seqlen_k)) return FwdTileRow::long_call;
+  if (sm90_fwd_long_call(t, p.seqlen_q, p.seqlen_k, p.window_left >= 0))
+    return FwdTileRow::long_call;
   return FwdTileRow::table;
 }
 

@@ -82,9 +82,9 @@ struct Sm90FwdTile {
 #define FLASHCPP_SM90_FWD_D256_SHORT_BLOCK_N 64
 #endif
 // d64 has a long-call tile of 192 x 96 (three consumer warpgroups at 160 registers each).
-// H100, bf16, 16k tokens: 1.03-1.10x the 128 x 128 tile's TFLOP/s at 8k-16k and 1.05-1.08x on
-// varlen, but 0.86-0.93x at 1-2k, 0.61x at 512 causal, and 0.7x on prefill of 256-1024 new
-// tokens over a long cache (docs/design/sm90-kernels.md). A configure switch
+// H100, bf16, 16k tokens: 1.05-1.10x the 128 x 128 tile's TFLOP/s at 8k-16k, 1.00-1.05x at
+// 4k, 1.05-1.09x on varlen, but 0.86-0.93x at 1-2k, 0.61x at 512 causal, and 0.68-0.72x on
+// prefill of 256-1024 new tokens over a long cache (docs/design/sm90-kernels.md). A configure switch
 // (FLASHCPP_SM90_FWD_LONG_TILE_D64 in cmake/TileTables.cmake) sets another or turns it off
 // (0x0).
 #ifndef FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M
@@ -115,10 +115,11 @@ constexpr Sm90FwdTile sm90_fwd_short_tile(Sm90FwdTile t) {
 }
 
 // Whether an unsplit, unpaged call (padded, or varlen by its longest sequences) runs its row's
-// long-call tile: a row that has one, and more than 2048 queries and keys (below, the 192-row
-// tile's wasted rows and fewer tiles cost more than its three warpgroups gain).
-constexpr bool sm90_fwd_long_call(Sm90FwdTile t, int seqlen_q, int seqlen_k) {
-  return t.long_block_m > 0 && seqlen_q > 2048 && seqlen_k > 2048;
+// long-call tile: a row that has one, more than 2048 queries and keys (below, the 192-row
+// tile's wasted rows and fewer tiles cost more than its three warpgroups gain), and no local
+// window (never measured on it: a window crosses more key blocks of a 192-row tile).
+constexpr bool sm90_fwd_long_call(Sm90FwdTile t, int seqlen_q, int seqlen_k, bool local) {
+  return t.long_block_m > 0 && seqlen_q > 2048 && seqlen_k > 2048 && !local;
 }
 // The row with its long-call tile in place of the standard one.
 constexpr Sm90FwdTile sm90_fwd_long_tile(Sm90FwdTile t) {
