@@ -261,6 +261,22 @@ def test_forward_fp8_on_cuda(causal, fast):
         assert (err <= bound).all(), (i, err.max())
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not sm90_available(),
+                                                         reason="needs a Hopper (sm90) GPU"))])
+def test_forward_fp8_fp16_out(device):
+    """An fp16 out passed as out= for fp8 q, k, v: written in place (NaN before the call),
+    the same attention as the default bf16 out within bf16's rounding."""
+    q, k, v, dq, dk, dv = fp8_forward_case(device, Nq=130, Nk=200, D=64)
+    kw = dict(causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    want = flashcpp.attention(q, k, v, **kw)
+    out = torch.full(want.shape, float("nan"), dtype=torch.float16, device=device)
+    got = flashcpp.attention(q, k, v, out=out, **kw)
+    assert got.dtype == torch.float16 and got.data_ptr() == out.data_ptr()
+    assert flashcpp.last_run_info().backend.startswith("cuda" if device == "cuda" else "cpu")
+    torch.testing.assert_close(out.float(), want.float(), rtol=2.0**-7, atol=2.0**-9)
+
+
 def test_forward_fp8_custom_op_on_cpu():
     """The fp8 op (flashcpp::attention_fp8_fwd) on CPU tensors runs the reference: the eager
     call's result, and fake tensors of the right dtype."""
