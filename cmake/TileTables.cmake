@@ -112,13 +112,15 @@ unset(_var)
 set(FLASHCPP_SM90_FWD_LONG_TILE_D64 "" CACHE STRING
     "sm90a forward d64 long-call tile: <rows>x<keys>, 0x0: none (empty: the table's)")
 if(NOT FLASHCPP_SM90_FWD_LONG_TILE_D64 STREQUAL "")
-  if(NOT FLASHCPP_SM90_FWD_LONG_TILE_D64 MATCHES "^(0|128|192)x([0-9]+)$")
+  if(NOT FLASHCPP_SM90_FWD_LONG_TILE_D64 MATCHES "^(0x0|(128|192)x[1-9][0-9]*)$")
     message(FATAL_ERROR "flashcpp: FLASHCPP_SM90_FWD_LONG_TILE_D64 '${FLASHCPP_SM90_FWD_LONG_TILE_D64}' (expected <rows>x<keys> with rows 128 or 192, e.g. 192x96, or 0x0)")
   endif()
+  string(REGEX MATCH "^([0-9]+)x([0-9]+)$" _tile "${FLASHCPP_SM90_FWD_LONG_TILE_D64}")
   string(APPEND FLASHCPP_SM90_FWD_TILE_OVERRIDES
          "#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_M ${CMAKE_MATCH_1}\n"
          "#define FLASHCPP_SM90_FWD_D64_LONG_BLOCK_N ${CMAKE_MATCH_2}\n")
   message(STATUS "flashcpp: sm90a forward d64 long-call tile ${FLASHCPP_SM90_FWD_LONG_TILE_D64}")
+  unset(_tile)
 endif()
 # FLASHCPP_SM90_FP8_PV_CHUNK_D<d>=<width>[x<temps>] (e.g. 32x2, 64x1, 256): the FP8 forward of
 # head dim d sums each key block's P V apart from O in chunks of <width> Dv columns, with

@@ -188,8 +188,9 @@ Plan plan_sm90_forward(const ForwardParams& p, bool dynamic_deal = true) {
   plan.kernel_index = int(&k - sm90::kFwdKernels);
   plan.splits_optional = p.num_splits <= 0;
   plan.num_splits = fp8 ? 1 : plan.splits_optional ? sm90_heuristic_splits(p, k) : p.num_splits;
-  plan.kernel = sm90::fwd_kernel_name(k, plan.num_splits > 1, false,
-                                      sm90::fwd_tile_row(k, p, plan.num_splits, false));
+  plan.kernel = sm90::fwd_kernel_name(
+      k, plan.num_splits > 1, false,
+      sm90::fwd_tile_row(k, p, plan.num_splits, false, device_info(p.device).sm_count));
   plan.workspace_bytes = fp8_vt_workspace_bytes(p) + split_workspace_bytes(p, plan.num_splits) +
                          (p.is_varlen() && dynamic_deal ? kTileCounterBytes : 0);
   return plan;
@@ -266,7 +267,8 @@ RunInfo run_sm90_forward(const Plan& plan, const ForwardParams& params, Stream s
   kp.num_splits = splits;
   kp.paged = paged;
   const bool is_paged = paged.block_table != nullptr;
-  const FwdTileRow row = sm90::fwd_tile_row(kernel, params, splits, is_paged);
+  const FwdTileRow row =
+      sm90::fwd_tile_row(kernel, params, splits, is_paged, device_info(params.device).sm_count);
   kp.short_tile = row == FwdTileRow::short_call;
   kp.long_tile = row == FwdTileRow::long_call;
   kp.num_m_blocks = sm90::fwd_num_m_blocks(params, kernel, row);

@@ -134,28 +134,33 @@ inline bool fwd_covers_paged(const ForwardParams& p, const PagedKV& paged) {
          tma_compatible(p.v, p.v_stride, paged.page_size, p.heads_kv, paged.num_pages);
 }
 
+// Query tiles per sequence (the longest, varlen) on the row's tile.
+inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k,
+                            FwdTileRow row = FwdTileRow::table) {
+  const int block_m = fwd_tile_of(k, row).block_m;
+  return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
+}
+
 // The row a call runs (run_fwd, fwd_launch.cuh, makes the same choice): FP8's fast
 // accumulation where asked; for fp16 and bf16 unsplit calls without a KV cache, the row's
 // short-call key block (padded only) or its long-call tile (padded or varlen) where the call's
-// lengths ask for them (fwd_tile_table.hpp); the table's tile otherwise.
+// lengths ask for them (fwd_tile_table.hpp) and the long tiles fill a wave of the sm_count
+// SMs (fewer run on the table's tile: never measured on the long one, and the split
+// heuristic counted table tiles); the table's tile otherwise.
 inline FwdTileRow fwd_tile_row(const FwdKernel& k, const ForwardParams& p, int splits,
-                               bool paged) {
+                               bool paged, int sm_count) {
   if (k.dtype == ElementType::fp8_e4m3)
     return p.fp8_fast_accum ? FwdTileRow::fp8_fast_accum : FwdTileRow::table;
   if (splits > 1 || paged || p.seqused_k != nullptr) return FwdTileRow::table;
   const Sm90FwdTile t = fwd_tile_of(k);
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   if (!p.is_varlen() && sm90_fwd_short_call(t, masked, p.seqlen_k)) return FwdTileRow::short_call;
-  if (sm90_fwd_long_call(t, p.seqlen_q, p.seqlen_k, p.window_left >= 0))
+  const bool local = p.window_left >= 0 || p.window_right > 0;  // beyond the causal mask
+  if (sm90_fwd_long_call(t, p.seqlen_q, p.seqlen_k, local) &&
+      std::int64_t(p.batch) * p.heads_q * fwd_num_m_blocks(p, k, FwdTileRow::long_call) >=
+          sm_count)
     return FwdTileRow::long_call;
   return FwdTileRow::table;
-}
-
-// Query tiles per sequence (the longest, varlen) on the row's tile.
-inline int fwd_num_m_blocks(const ForwardParams& p, const FwdKernel& k,
-                            FwdTileRow row = FwdTileRow::table) {
-  const int block_m = fwd_tile_of(k, row).block_m;
-  return int((std::int64_t(p.seqlen_q) + block_m - 1) / block_m);
 }
 
 // RunInfo::kernel, e.g. "sm90_fwd_bf16_hdim128_128x128_s2_ws" ("..._ws_splitkv" split;

@@ -11,7 +11,8 @@
 //   warpgroup 0      producer: gives registers back (setmaxnreg 24), one thread issues TMA,
 //                    warps 1-3 check the V of the key blocks the mask cuts
 //                    (fwd_non_finite_v.hpp; FP8: warp 1 reads the pre-pass's NaN bits);
-//   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each.
+//   warpgroups 1, 2  consumers: take registers (setmaxnreg 240), 64 query rows each (d64's
+//                    long-call tile: warpgroups 1-3 at 160 registers).
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>

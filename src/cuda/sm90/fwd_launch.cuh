@@ -111,7 +111,7 @@ void launch_fwd(const FwdKernelParams& kp, cudaStream_t stream) {
                              p.heads_q * p.batch * (kSplit ? kp.num_splits : 1);
   if (slots > INT_MAX / 2)  // headroom: a CTA's next slot is computed before the bound test
     throw Error("q: " + std::to_string(slots) +
-                " query tiles (batch x heads x ceil(seqlen_q / 128) x splits) exceed the sm90 "
+                " query tiles (batch x heads x ceil(seqlen_q / kBlockM) x splits) exceed the sm90 "
                 "forward's limit of 2^30");
   const int units = Scheduler::num_units(kp);
   if (units == 0) return;

@@ -50,8 +50,8 @@ using namespace cute;
 template <class Traits_>
 struct FwdMainloop {
   using Traits = Traits_;
-  // Ping-pong bookends, called once per CTA by every consumer thread (tid among the 256)
-  // before its first tile and after its last (no-ops without ping-pong).
+  // Ping-pong bookends, called once per CTA by every consumer thread (tid among the consumer
+  // threads) before its first tile and after its last (no-ops without ping-pong).
   __device__ static void pingpong_start(int tid) {
     if constexpr (Traits::kPingPong)
       if (tid / 128 == Traits::kConsumerWarpgroups - 1)
@@ -179,7 +179,7 @@ struct FwdMainloop {
     }
   }
 
-  // Consumer warpgroups (thread index tid among the 256 consumer threads). Leaves the
+  // Consumer warpgroups (thread index tid among the consumer threads). Leaves the
   // unnormalised O in acc_o (cleared by the caller) and the row statistics in softmax; range
   // is non-empty. `work` and the ring position `state` carry over from tile to tile as in
   // load(); within the tile the K and V positions part (S of block n runs ahead of P V of

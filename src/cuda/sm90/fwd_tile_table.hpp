@@ -114,10 +114,11 @@ constexpr Sm90FwdTile sm90_fwd_short_tile(Sm90FwdTile t) {
   return t;
 }
 
-// Whether an unsplit, unpaged call (padded, or varlen by its longest sequences) runs its row's
-// long-call tile: a row that has one, more than 2048 queries and keys (below, the 192-row
-// tile's wasted rows and fewer tiles cost more than its three warpgroups gain), and no local
-// window (never measured on it: a window crosses more key blocks of a 192-row tile).
+// Whether an unsplit, unpaged call (padded, or varlen by its longest sequences) may run its
+// row's long-call tile: a row that has one, more than 2048 queries and keys (below, the
+// 192-row tile's wasted rows and fewer tiles cost more than its three warpgroups gain), and no
+// mask beyond the causal one (never measured on it: a window crosses more key blocks of a
+// 192-row tile). fwd_tile_row (fwd_dispatch.hpp) also asks for a wave of long tiles.
 constexpr bool sm90_fwd_long_call(Sm90FwdTile t, int seqlen_q, int seqlen_k, bool local) {
   return t.long_block_m > 0 && seqlen_q > 2048 && seqlen_k > 2048 && !local;
 }

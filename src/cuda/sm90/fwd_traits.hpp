@@ -25,11 +25,12 @@ using namespace cute;
 // kVarlen_: the instantiation for varlen calls (per-sequence rows and tiles, the dynamic tile
 // deal, V tails zeroed, TMA stores only inside a sequence). Padded calls run the other one,
 // which carries none of that code: in one kernel it cost 3-17% at d64 and d128.
-// Element_ cutlass::float_e4m3_t: the FP8 forward (q, k, v e4m3, out bf16). Its differences:
-// every wgmma operand K-major, so V is read as V^T [Dv, keys] that the pre-pass wrote into the
-// workspace (fwd_fp8_vt_prepass.cuh) with its own TMA descriptor; P is packed into the e4m3
-// A fragment in the accumulator's key order (fp8_pv_order.hpp); its own tile table rows; the
-// 16-bit types (ElementOut) for O. For fp16 and bf16 every type below is what it was before.
+// Element_ cutlass::float_e4m3_t: the FP8 forward (q, k, v e4m3, out bf16 or fp16). Its
+// differences: every wgmma operand K-major, so V is read as V^T [Dv, keys] that the pre-pass
+// wrote into the workspace (fwd_fp8_vt_prepass.cuh) with its own TMA descriptor; P is packed
+// into the e4m3 A fragment in the accumulator's key order (fp8_pv_order.hpp); its own tile
+// table rows; the 16-bit types (ElementOut) for O. For fp16 and bf16 every type below is what
+// it was before.
 // kPaged_: the varlen instantiation over a paged KV cache (prefill with a cache): K and V
 // arrive in boxes of kPageBoxRows rows, each from its own page (fwd_mainloop.hpp); Q, O and
 // the rest are the varlen instantiation's. fp16/bf16 only (the FP8 forward has no paged form).
@@ -56,7 +57,7 @@ struct FwdTraits {
   static_assert(!kShort || (kTableTile.short_block_n > 0 && !kVarlen_),
                 "a short-call instantiation: padded, of a row that has a short key block");
   static constexpr bool kLong = kRow_ == FwdTileRow::long_call;
-  static_assert(!kLong || (kTableTile.long_block_m > 0 && !kPaged_),
+  static_assert(!kLong || (kTableTile.long_block_m > 0 && kTableTile.long_block_n > 0 && !kPaged_),
                 "a long-call instantiation: unpaged, of a row that has a long-call tile");
   static constexpr Sm90FwdTile kTile = kShort ? sm90_fwd_short_tile(kTableTile)
                                        : kLong ? sm90_fwd_long_tile(kTableTile)
